@@ -1,0 +1,42 @@
+# Relaunch — `make demo` runs the main story, `make test` every test tier (the real stack included).
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: deps demo test test-unit test-quick lint typecheck bench-adapter up down status clean
+
+deps:
+	@bash scripts/install-deps.sh
+
+demo: deps
+	$(PY) examples/demo.py
+
+test: deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop: unit tests only, no stack (seconds).
+test-unit test-quick: deps
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+lint: deps
+	$(VENV)/bin/ruff check relaunch tests bench examples
+	$(VENV)/bin/ruff format --check relaunch tests bench examples
+
+typecheck: deps
+	$(VENV)/bin/mypy
+
+bench-adapter: deps
+	$(PY) bench/adapter.py
+
+up: deps
+	$(VENV)/bin/relaunch dev up
+
+down: deps
+	$(VENV)/bin/relaunch dev down
+
+status: deps
+	$(VENV)/bin/relaunch dev status
+
+clean: down
+	rm -rf .relaunch

@@ -1,0 +1,1 @@
+"""I/O adapters: schedulers, logs, telemetry, notifications, the audit store."""

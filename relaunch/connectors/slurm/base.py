@@ -1,0 +1,44 @@
+"""The scheduler interface every backend implements (reads) and the Slurm CLI implements fully."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from relaunch.models.scheduler import ActionResult, Job, Node
+
+
+@runtime_checkable
+class SchedulerReader(Protocol):
+    """Read-only view of a cluster (the slurmrestd backend provides only this)."""
+
+    async def list_jobs(self) -> list[Job]: ...
+
+    async def get_job(self, job_id: str) -> Job: ...
+
+    async def list_nodes(self) -> list[Node]: ...
+
+    async def get_node(self, name: str) -> Node: ...
+
+
+@runtime_checkable
+class Scheduler(SchedulerReader, Protocol):
+    """Reads plus idempotent actions: each reads fresh state, acts only if needed, verifies."""
+
+    async def drain_node(self, name: str, reason: str) -> ActionResult: ...
+
+    async def resume_node(self, name: str) -> ActionResult: ...
+
+    async def requeue_job(
+        self, job_id: str, *, hold: bool = False, expected_restart_count: int | None = None
+    ) -> ActionResult: ...
+
+    async def hold_job(self, job_id: str) -> ActionResult: ...
+
+    async def release_job(self, job_id: str) -> ActionResult: ...
+
+    async def exclude_nodes(self, job_id: str, nodes: Sequence[str]) -> ActionResult: ...
+
+    async def cancel_job(self, job_id: str) -> ActionResult: ...
+
+    async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult: ...

@@ -1,0 +1,356 @@
+"""The Slurm CLI backend: reads over ``--json``, actions over ``scontrol``/``scancel``/``sbatch``.
+
+Every action follows the same shape: read fresh state, decide whether anything needs doing (so a
+retried call is harmless), act, then verify with a fresh read and report before/after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+from relaunch.connectors.slurm import parse
+from relaunch.connectors.slurm.runner import (
+    CommandResult,
+    CommandRunner,
+    LocalRunner,
+    failure,
+    raise_for_controller,
+)
+from relaunch.models import names
+from relaunch.models.errors import (
+    InvalidStateError,
+    JobNotFoundError,
+    NodeNotFoundError,
+    VerificationError,
+)
+from relaunch.models.scheduler import ActionResult, Job, JobState, Node
+
+LINEAGE_KEY = "relaunch_parent"
+T = TypeVar("T")
+
+
+class SlurmCli:
+    """Slurm through its command-line clients.
+
+    ``env`` is overlaid on the process environment for every command (typically ``SLURM_CONF``);
+    ``runner`` replaces local execution (an SSH runner sends the same argv to the controller).
+    """
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        runner: CommandRunner | None = None,
+        timeout: float = 30.0,
+        verify_timeout: float = 10.0,
+    ) -> None:
+        self._runner = runner or LocalRunner(env)
+        self._timeout = timeout
+        self._verify_timeout = verify_timeout
+
+    # ---------------------------------------------------------------- plumbing
+
+    async def _run(self, argv: Sequence[str], *, stdin: str | None = None) -> CommandResult:
+        result = await self._runner.run(argv, stdin=stdin, timeout=self._timeout)
+        if result.returncode != 0:
+            raise_for_controller(result)
+        return result
+
+    async def _checked(self, argv: Sequence[str], *, stdin: str | None = None) -> CommandResult:
+        result = await self._run(argv, stdin=stdin)
+        if result.returncode != 0:
+            raise failure(result)
+        return result
+
+    async def _until(
+        self, read: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str
+    ) -> T:
+        """Poll a fresh read until ``done`` holds or the verify timeout passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._verify_timeout
+        delay = 0.05
+        while True:
+            value = await read()
+            if done(value):
+                return value
+            if loop.time() >= deadline:
+                raise VerificationError(f"{what}: not visible in a fresh read after the action")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    # ---------------------------------------------------------------- reads
+
+    async def list_jobs(self) -> list[Job]:
+        """Every job slurmctld knows (pending, running and recently finished), one call."""
+        result = await self._checked(["squeue", "--json"])
+        return parse.jobs_from_json(result.stdout)
+
+    async def get_job(self, job_id: str) -> Job:
+        job_id = names.job_id(job_id)
+        # squeue --json ignores -j in 22.05, so one listing serves a single job too.
+        for job in await self.list_jobs():
+            if job.job_id == job_id:
+                return job
+        raise JobNotFoundError(
+            f"job {job_id} not found", hint="finished jobs leave squeue after MinJobAge"
+        )
+
+    async def list_nodes(self) -> list[Node]:
+        result = await self._checked(["sinfo", "--json"])
+        return parse.nodes_from_json(result.stdout)
+
+    async def get_node(self, name: str) -> Node:
+        name = names.node_name(name)
+        for node in await self.list_nodes():
+            if node.name == name:
+                return node
+        raise NodeNotFoundError(f"node {name} not found", hint="`sinfo -N` lists the nodes")
+
+    async def batch_script(self, job_id: str) -> str:
+        """The batch script the job was submitted with."""
+        job_id = names.job_id(job_id)
+        result = await self._run(["scontrol", "write", "batch_script", job_id, "-"])
+        if result.returncode != 0:
+            if "Invalid job id" in result.stderr:
+                raise JobNotFoundError(f"job {job_id} not found")
+            raise failure(result)
+        return result.stdout
+
+    # ---------------------------------------------------------------- node actions
+
+    async def drain_node(self, name: str, reason: str) -> ActionResult:
+        name, reason = names.node_name(name), names.reason(reason)
+        before = await self.get_node(name)
+        if before.drain_flag:
+            return ActionResult(
+                action="drain",
+                target=name,
+                changed=False,
+                note=f"already draining/drained: {before.reason or 'no reason'}",
+                before=before.display_state,
+                after=before.display_state,
+            )
+        await self._checked(
+            ["scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"]
+        )
+        after = await self._until(
+            lambda: self.get_node(name), lambda n: n.drain_flag, f"drain {name}"
+        )
+        return ActionResult(
+            action="drain",
+            target=name,
+            changed=True,
+            before=before.display_state,
+            after=after.display_state,
+        )
+
+    async def resume_node(self, name: str) -> ActionResult:
+        name = names.node_name(name)
+        before = await self.get_node(name)
+        if not before.drain_flag and before.responding:
+            return ActionResult(
+                action="resume",
+                target=name,
+                changed=False,
+                note="not drained",
+                before=before.display_state,
+                after=before.display_state,
+            )
+        await self._checked(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
+        after = await self._until(
+            lambda: self.get_node(name), lambda n: not n.drain_flag, f"resume {name}"
+        )
+        return ActionResult(
+            action="resume",
+            target=name,
+            changed=True,
+            before=before.display_state,
+            after=after.display_state,
+        )
+
+    # ---------------------------------------------------------------- job actions
+
+    def _job_result(
+        self, action: str, before: Job, after: Job, *, changed: bool, note: str = ""
+    ) -> ActionResult:
+        return ActionResult(
+            action=action,
+            target=before.job_id,
+            changed=changed,
+            note=note,
+            before=_job_state_text(before),
+            after=_job_state_text(after),
+        )
+
+    async def requeue_job(
+        self, job_id: str, *, hold: bool = False, expected_restart_count: int | None = None
+    ) -> ActionResult:
+        """Requeue a running or finished batch job. With ``expected_restart_count``, a job that
+        was already requeued past that count is left alone (a retried call does nothing)."""
+        job_id = names.job_id(job_id)
+        action = "requeue_hold" if hold else "requeue"
+        before = await self.get_job(job_id)
+        if expected_restart_count is not None and before.restart_count > expected_restart_count:
+            return self._job_result(
+                action, before, before, changed=False, note="already requeued"
+            )
+        if before.state is JobState.PENDING:
+            return self._job_result(action, before, before, changed=False, note="already pending")
+        if not before.requeue_allowed and before.state.is_active:
+            raise InvalidStateError(
+                f"job {job_id} does not allow requeue",
+                hint="submit it with --requeue, or restart it by resubmission",
+            )
+        await self._checked(["scontrol", "requeuehold" if hold else "requeue", job_id])
+        after = await self._until(
+            lambda: self.get_job(job_id),
+            lambda j: j.restart_count > before.restart_count
+            and j.state in {JobState.PENDING, JobState.REQUEUED},
+            f"requeue {job_id}",
+        )
+        return self._job_result(action, before, after, changed=True)
+
+    async def hold_job(self, job_id: str) -> ActionResult:
+        job_id = names.job_id(job_id)
+        before = await self.get_job(job_id)
+        if before.held:
+            return self._job_result("hold", before, before, changed=False, note="already held")
+        if before.state is not JobState.PENDING:
+            raise InvalidStateError(
+                f"job {job_id} is {before.state.value}; only a pending job can be held"
+            )
+        await self._checked(["scontrol", "hold", job_id])
+        after = await self._until(
+            lambda: self.get_job(job_id), lambda j: j.held, f"hold {job_id}"
+        )
+        return self._job_result("hold", before, after, changed=True)
+
+    async def release_job(self, job_id: str) -> ActionResult:
+        job_id = names.job_id(job_id)
+        before = await self.get_job(job_id)
+        if not before.held:
+            return self._job_result("release", before, before, changed=False, note="not held")
+        await self._checked(["scontrol", "release", job_id])
+        after = await self._until(
+            lambda: self.get_job(job_id), lambda j: not j.held, f"release {job_id}"
+        )
+        return self._job_result("release", before, after, changed=True)
+
+    async def exclude_nodes(self, job_id: str, nodes: Sequence[str]) -> ActionResult:
+        """Add ``nodes`` to a pending job's excluded list (keeping the user's own exclusions)."""
+        job_id = names.job_id(job_id)
+        wanted = [names.node_name(n) for n in nodes]
+        before = await self.get_job(job_id)
+        missing = [n for n in wanted if n not in before.excluded_nodes]
+        if not missing:
+            return self._job_result(
+                "exclude", before, before, changed=False, note="already excluded"
+            )
+        if before.state is not JobState.PENDING:
+            raise InvalidStateError(
+                f"job {job_id} is {before.state.value}; nodes can be excluded only while pending"
+            )
+        merged = [*before.excluded_nodes, *missing]
+        await self._checked(
+            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(merged)}"]
+        )
+        after = await self._until(
+            lambda: self.get_job(job_id),
+            lambda j: set(merged) <= set(j.excluded_nodes),
+            f"exclude on {job_id}",
+        )
+        return self._job_result("exclude", before, after, changed=True)
+
+    async def cancel_job(self, job_id: str) -> ActionResult:
+        job_id = names.job_id(job_id)
+        before = await self.get_job(job_id)
+        if before.state.is_terminal:
+            return self._job_result(
+                "cancel", before, before, changed=False, note=f"already {before.state.value}"
+            )
+        await self._checked(["scancel", job_id])
+        after = await self._until(
+            lambda: self.get_job(job_id),
+            lambda j: j.state in {JobState.CANCELLED, JobState.COMPLETING}
+            or j.state.is_terminal,
+            f"cancel {job_id}",
+        )
+        return self._job_result("cancel", before, after, changed=True)
+
+    async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult:
+        """Submit the job's batch script again as a new job, with the same shape and the
+        lineage recorded in the comment (``relaunch_parent=<old id>``). A second call finds the
+        child it already submitted and returns it instead of submitting twice."""
+        job_id = names.job_id(job_id)
+        excluded = [names.node_name(n) for n in exclude]
+        jobs = await self.list_jobs()
+        by_id = {j.job_id: j for j in jobs}
+        if job_id not in by_id:
+            raise JobNotFoundError(f"job {job_id} not found")
+        before = by_id[job_id]
+        for job in jobs:
+            if job.comment_fields.get(LINEAGE_KEY) == job_id:
+                return ActionResult(
+                    action="resubmit",
+                    target=job_id,
+                    changed=False,
+                    note=f"already resubmitted as {job.job_id}",
+                    before=_job_state_text(before),
+                    after=_job_state_text(job),
+                    new_job_id=job.job_id,
+                )
+        script = await self.batch_script(job_id)
+        argv = resubmit_argv(before, excluded)
+        result = await self._checked(argv, stdin=script)
+        new_id = parse.sbatch_job_id(result.stdout)
+        child = await self._until(
+            lambda: self.get_job(new_id), lambda j: True, f"resubmission of {job_id}"
+        )
+        return ActionResult(
+            action="resubmit",
+            target=job_id,
+            changed=True,
+            before=_job_state_text(before),
+            after=_job_state_text(child),
+            new_job_id=new_id,
+        )
+
+
+def resubmit_argv(job: Job, exclude: Sequence[str]) -> list[str]:
+    """The sbatch command that recreates ``job`` from its record; the script comes on stdin."""
+    fields = {k: v for k, v in job.comment_fields.items() if k != LINEAGE_KEY}
+    fields[LINEAGE_KEY] = job.job_id
+    comment = names.comment(",".join(f"{k}={v}" for k, v in fields.items()))
+    argv = ["sbatch", "--parsable", f"--comment={comment}", "--open-mode=append"]
+    if job.name:
+        argv.append(f"--job-name={job.name}")
+    if job.partition:
+        argv.append(f"--partition={names.partition(job.partition)}")
+    if job.node_count:
+        argv.append(f"--nodes={job.node_count}")
+    if job.num_tasks:
+        argv.append(f"--ntasks={job.num_tasks}")
+    if job.time_limit_minutes:
+        argv.append(f"--time={job.time_limit_minutes}")
+    if job.work_dir:
+        argv.append(f"--chdir={job.work_dir}")
+    if job.stdout_pattern:
+        argv.append(f"--output={job.stdout_pattern}")
+    if job.stderr_pattern:
+        argv.append(f"--error={job.stderr_pattern}")
+    if job.requeue_allowed:
+        argv.append("--requeue")
+    excluded = [*job.excluded_nodes, *(n for n in exclude if n not in job.excluded_nodes)]
+    if excluded:
+        argv.append(f"--exclude={','.join(excluded)}")
+    if os.geteuid() == 0 and job.user and job.user != "root":
+        argv.append(f"--uid={names.user_name(job.user)}")
+    return argv
+
+
+def _job_state_text(job: Job) -> str:
+    nodes = ",".join(job.nodes) or "-"
+    return f"{job.state.value} nodes={nodes} restarts={job.restart_count} reason={job.reason or '-'}"

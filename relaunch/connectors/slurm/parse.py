@@ -1,0 +1,212 @@
+"""Pure parsers over Slurm output: the JSON of squeue/sinfo (22.05) and slurmrestd (v0.0.38 and
+newer shapes), and the plain-text answers of sbatch and scontrol. Tested on recorded output."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from relaunch.connectors.slurm import hostlist
+from relaunch.models.errors import SchedulerError
+from relaunch.models.scheduler import ExitCode, Job, JobState, Node, NodeState
+
+_NULLS = {"", "(null)", "None", "N/A", "Unknown", "n/a"}
+
+
+def load_json(text: str, what: str) -> dict[str, Any]:
+    """Decode a JSON document from Slurm, raising a typed error on garbage."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchedulerError(f"{what}: not JSON ({exc.msg} at {exc.pos})") from exc
+    if not isinstance(data, dict):
+        raise SchedulerError(f"{what}: expected a JSON object")
+    return data
+
+
+def _number(value: Any) -> int | None:
+    """Slurm numbers: plain ints (22.05) or ``{"set": bool, "infinite": bool, "number": n}``."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, dict):
+        if value.get("infinite") or value.get("set") is False:
+            return None
+        return _number(value.get("number"))
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def _time(value: Any) -> datetime | None:
+    seconds = _number(value)
+    if not seconds or seconds <= 0:
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    text = str(value)
+    return "" if text in _NULLS else text
+
+
+def _state_words(value: Any) -> list[str]:
+    """``"RUNNING"`` (22.05) or ``["PENDING", "REQUEUED"]`` (23.11+) → upper-case words."""
+    if isinstance(value, list):
+        return [str(v).upper() for v in value if v]
+    if isinstance(value, str) and value:
+        return [w for w in value.upper().replace("+", " ").split() if w]
+    return []
+
+
+def _exit_code(value: Any) -> ExitCode:
+    if isinstance(value, dict):
+        code = _number(value.get("return_code")) or 0
+        sig_obj = value.get("signal") or {}
+        sig = _number(sig_obj.get("id") if isinstance(sig_obj, dict) else sig_obj) or 0
+        return ExitCode(code=code, signal=sig)
+    if isinstance(value, str):
+        return ExitCode.parse(value)
+    number = _number(value)
+    return ExitCode.from_wait_status(number) if number else ExitCode()
+
+
+_PATTERN = re.compile(r"%(\d*)([%AaJjNnstuxb])")
+
+
+def expand_output_pattern(pattern: str, job: Job, *, array_job_id: str = "", task: str = "") -> str:
+    """Resolve a Slurm filename pattern (``job-%j.out``) the way slurmstepd does for the batch
+    step, relative to the job's working directory."""
+
+    def sub(m: re.Match[str]) -> str:
+        width, code = m.group(1), m.group(2)
+        if code == "%":
+            return "%"
+        values = {
+            "A": array_job_id or job.job_id,
+            "a": task or "4294967294",
+            "J": f"{job.job_id}.batch",
+            "j": job.job_id,
+            "N": job.batch_host or (job.nodes[0] if job.nodes else ""),
+            "n": "0",
+            "s": "batch",
+            "t": "0",
+            "u": job.user,
+            "x": job.name,
+            "b": str(int(task) % 10) if task.isdigit() else "0",
+        }
+        value = values[code]
+        return value.zfill(int(width)) if width and value.isdigit() else value
+
+    if not pattern:
+        return ""
+    path = _PATTERN.sub(sub, pattern)
+    if job.work_dir and not os.path.isabs(path):
+        path = os.path.join(job.work_dir, path)
+    return path
+
+
+def job_from_json(raw: dict[str, Any]) -> Job:
+    """One element of ``jobs`` in squeue --json / slurmrestd, any supported API version."""
+    words = _state_words(raw.get("job_state"))
+    array_job = _number(raw.get("array_job_id")) or 0
+    array_task = _number(raw.get("array_task_id"))
+    job_id = str(_number(raw.get("job_id")) or "")
+    job = Job(
+        job_id=job_id,
+        name=_text(raw.get("name")),
+        user=_text(raw.get("user_name")),
+        state=JobState.parse(words[0] if words else None),
+        reason=_text(raw.get("state_reason")),
+        exit_code=_exit_code(raw.get("exit_code")),
+        partition=_text(raw.get("partition")),
+        nodes=hostlist.expand(_text(raw.get("nodes"))),
+        node_count=_number(raw.get("node_count")) or 0,
+        excluded_nodes=hostlist.expand(_text(raw.get("excluded_nodes"))),
+        batch_host=_text(raw.get("batch_host")),
+        restart_count=_number(raw.get("restart_cnt")) or 0,
+        requeue_allowed=bool(raw.get("requeue")),
+        comment=_text(raw.get("comment")),
+        stdout_pattern=_text(raw.get("standard_output")),
+        stderr_pattern=_text(raw.get("standard_error")),
+        work_dir=_text(raw.get("current_working_directory")),
+        command=_text(raw.get("command")),
+        num_tasks=_number(raw.get("tasks")) or 0,
+        time_limit_minutes=_number(raw.get("time_limit")),
+        submit_time=_time(raw.get("submit_time")),
+        eligible_time=_time(raw.get("eligible_time")),
+        start_time=_time(raw.get("start_time")),
+        end_time=_time(raw.get("end_time")),
+    )
+    is_array = array_job not in (0, None) and array_task is not None
+    default_out = "slurm-%A_%a.out" if is_array else "slurm-%j.out"
+    stdout_pattern = job.stdout_pattern or default_out
+    stderr_pattern = job.stderr_pattern or stdout_pattern
+    kwargs = {"array_job_id": str(array_job) if is_array else "", "task": str(array_task or "")}
+    return job.model_copy(
+        update={
+            "stdout_pattern": stdout_pattern,
+            "stderr_pattern": stderr_pattern,
+            "stdout_path": expand_output_pattern(stdout_pattern, job, **kwargs),
+            "stderr_path": expand_output_pattern(stderr_pattern, job, **kwargs),
+        }
+    )
+
+
+def jobs_from_json(text: str) -> list[Job]:
+    """Parse the whole answer of ``squeue --json`` or ``GET /slurm/v0.0.38/jobs``."""
+    data = load_json(text, "job list")
+    return [job_from_json(raw) for raw in data.get("jobs") or []]
+
+
+def node_from_json(raw: dict[str, Any]) -> Node:
+    """One element of ``nodes`` in sinfo --json / slurmrestd."""
+    words = _state_words(raw.get("state"))
+    base = NodeState.parse(words[0] if words else None)
+    flags = [w for w in words[1:]]
+    for flag in raw.get("state_flags") or []:
+        flag = str(flag).upper()
+        if flag not in flags:
+            flags.append(flag)
+    # 22.05 reports a drained idle node as base "drained"/"draining" in some paths.
+    if words and words[0] in {"DRAINED", "DRAINING", "DRAIN"} and "DRAIN" not in flags:
+        flags.insert(0, "DRAIN")
+    return Node(
+        name=_text(raw.get("name")),
+        state=base,
+        flags=flags,
+        reason=_text(raw.get("reason")),
+        reason_user=_text(raw.get("reason_set_by_user")),
+        reason_time=_time(raw.get("reason_changed_at")),
+        partitions=[str(p) for p in raw.get("partitions") or []],
+        cpus=_number(raw.get("cpus")) or 0,
+        alloc_cpus=_number(raw.get("alloc_cpus")) or 0,
+    )
+
+
+def nodes_from_json(text: str) -> list[Node]:
+    """Parse the whole answer of ``sinfo --json`` or ``GET /slurm/v0.0.38/nodes``."""
+    data = load_json(text, "node list")
+    seen: dict[str, Node] = {}
+    for raw in data.get("nodes") or []:
+        node = node_from_json(raw)
+        if node.name and node.name not in seen:
+            seen[node.name] = node
+    return list(seen.values())
+
+
+def sbatch_job_id(text: str) -> str:
+    """``sbatch --parsable`` prints ``<id>`` or ``<id>;<cluster>``."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    job_id = first.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise SchedulerError(f"sbatch printed no job id: {text.strip()[:200]!r}")
+    return job_id

@@ -1,0 +1,129 @@
+"""Process helpers for the dev stack: spawn detached, probe ports, and find every process that
+belongs to one stack (by its state directory or its SLURM_CONF) so that `down` leaves none."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+from relaunch.models.errors import StackError
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for tests: one stack per session)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def spawn(
+    argv: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> int:
+    """Start a long-running process detached from this one (its own session), output to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+    hint: str | None = None,
+) -> None:
+    """Poll ``predicate()`` until true; raise StackError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise StackError(f"{what} not ready after {timeout:.0f}s", hint=hint)
+
+
+def _protected() -> set[int]:
+    """This process and its ancestors: never ours to kill."""
+    pids = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        pids.update(p.pid for p in psutil.Process().parents())
+    return pids
+
+
+def stack_processes(state_dir: Path, slurm_conf: Path) -> list[psutil.Process]:
+    """Every process that belongs to the stack under ``state_dir``: its daemons (their command
+    line names a path inside it) and its jobs (their environment carries its SLURM_CONF)."""
+    marker = str(state_dir.resolve())
+    conf_env = f"SLURM_CONF={slurm_conf.resolve()}"
+    protected = _protected()
+    found: list[psutil.Process] = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid in protected:
+            continue
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if marker in cmdline:
+                found.append(proc)
+                continue
+            with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+                environ = fh.read().decode(errors="replace").split("\0")
+            if conf_env in environ:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def terminate(procs: Iterable[psutil.Process], grace: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL whatever is left after ``grace`` seconds. Returns how many."""
+    procs = list(procs)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    return len(procs)

@@ -1,0 +1,232 @@
+"""A real Slurm cluster of N nodes on this machine: munged on a private socket, one slurmctld,
+one ``slurmd -N`` per node, and slurmrestd (local-socket auth and JWT auth)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from relaunch.devstack import procs
+from relaunch.models.errors import StackError
+
+SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmrestd", "munge")
+
+
+class SlurmLayout(BaseModel):
+    """Where one stack's Slurm keeps its files, and the ports it uses."""
+
+    root: Path
+    cluster: str
+    nodes: list[str]
+    slurmctld_port: int
+    slurmd_ports: list[int]
+    restd_port: int
+    cred_expire: int
+    slurmd_timeout: int = 300
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge-run" / "munge.socket"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.root / "munge" / "munge.key"
+
+    @property
+    def jwt_key(self) -> Path:
+        return self.root / "jwt" / "jwt.key"
+
+    @property
+    def restd_socket(self) -> Path:
+        return self.root / "run" / "slurmrestd.sock"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    def node_log(self, node: str) -> Path:
+        return self.root / "log" / f"slurmd-{node}.log"
+
+
+def require_binaries() -> None:
+    missing = [b for b in ("slurmctld", "slurmd", "sinfo", "munged", "slurmrestd") if not shutil.which(b)]
+    if missing:
+        raise StackError(
+            f"Slurm is not installed (missing: {', '.join(missing)})",
+            hint="run `make deps` (installs " + " ".join(SLURM_PACKAGES) + ")",
+        )
+
+
+def write_conf(layout: SlurmLayout) -> None:
+    r = layout.root
+    for sub in ("state", "spool", "log", "run", "jwt"):
+        (r / sub).mkdir(parents=True, exist_ok=True)
+    if not layout.jwt_key.exists():
+        layout.jwt_key.write_bytes(secrets.token_bytes(32))
+        layout.jwt_key.chmod(0o600)
+    node_lines = "\n".join(
+        f"NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={p} CPUs=2 RealMemory=2000 "
+        "State=UNKNOWN"
+        for n, p in zip(layout.nodes, layout.slurmd_ports, strict=True)
+    )
+    layout.conf.write_text(
+        f"""# Written by `relaunch dev up`: a local {len(layout.nodes)}-node cluster for development.
+ClusterName={layout.cluster}
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={layout.slurmctld_port}
+SlurmdPort={layout.slurmd_ports[0]}
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={layout.munge_socket},cred_expire={layout.cred_expire}
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key={layout.jwt_key}
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool/%n
+SlurmctldPidFile={r}/run/slurmctld.pid
+SlurmdPidFile={r}/run/slurmd-%n.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+# The dev cluster schedules eagerly so that restart timings measure Slurm's rules, not its idling.
+SchedulerParameters=sched_interval=2,bf_interval=2
+JobFileAppend=1
+ReturnToService=2
+SlurmdTimeout={layout.slurmd_timeout}
+MinJobAge=600
+MpiDefault=none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+{node_lines}
+PartitionName=debug Nodes={','.join(layout.nodes)} Default=YES MaxTime=INFINITE State=UP
+"""
+    )
+
+
+def start_munge(layout: SlurmLayout) -> None:
+    key_dir = layout.munge_key.parent
+    key_dir.mkdir(parents=True, exist_ok=True)
+    (layout.root / "log").mkdir(parents=True, exist_ok=True)
+    key_dir.chmod(0o700)
+    layout.munge_socket.parent.mkdir(parents=True, exist_ok=True)
+    layout.munge_socket.parent.chmod(0o755)
+    if not layout.munge_key.exists():
+        layout.munge_key.write_bytes(secrets.token_bytes(1024))
+    layout.munge_key.chmod(0o600)
+    if munge_healthy(layout):
+        return
+    pid_file = key_dir / "munged.pid"
+    result = subprocess.run(
+        [
+            "munged",
+            "--force",
+            f"--socket={layout.munge_socket}",
+            f"--key-file={layout.munge_key}",
+            f"--log-file={layout.root / 'log' / 'munged.log'}",
+            f"--pid-file={pid_file}",
+            f"--seed-file={key_dir / 'munged.seed'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if result.returncode != 0:
+        raise StackError(f"munged did not start: {result.stderr.strip()[-300:]}")
+    procs.wait_for(lambda: munge_healthy(layout), 10, "munged")
+
+
+def munge_healthy(layout: SlurmLayout) -> bool:
+    pid = procs.read_pid(layout.munge_key.parent / "munged.pid")
+    return procs.pid_alive(pid) and layout.munge_socket.exists()
+
+
+def ctld_pid(layout: SlurmLayout) -> int | None:
+    pid = procs.read_pid(layout.root / "run" / "slurmctld.pid")
+    return pid if procs.pid_alive(pid) else None
+
+
+def slurmd_pid(layout: SlurmLayout, node: str) -> int | None:
+    pid = procs.read_pid(layout.root / "run" / f"slurmd-{node}.pid")
+    return pid if procs.pid_alive(pid) else None
+
+
+def _daemon(argv: list[str], what: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise StackError(f"{what} did not start: {(result.stderr or result.stdout).strip()[-300:]}")
+
+
+def start_daemons(layout: SlurmLayout) -> None:
+    """Start slurmctld and every slurmd that is not running (idempotent)."""
+    conf = str(layout.conf)
+    if ctld_pid(layout) is None:
+        _daemon(["slurmctld", "-c", "-f", conf], "slurmctld")
+        procs.wait_for(lambda: procs.port_open(layout.slurmctld_port), 30, "slurmctld")
+    for node in layout.nodes:
+        if slurmd_pid(layout, node) is None:
+            _daemon(["slurmd", "-N", node, "-f", conf], f"slurmd {node}")
+
+
+def start_restd(layout: SlurmLayout) -> None:
+    """slurmrestd twice: local auth on a unix socket, JWT auth on a TCP port."""
+    base_env = {**layout.env, "SLURMRESTD_SECURITY": "disable_user_check"}
+    log_dir = layout.root / "log"
+    if not restd_local_healthy(layout):
+        layout.restd_socket.unlink(missing_ok=True)
+        pid = procs.spawn(
+            ["slurmrestd", "-f", str(layout.conf), "-s", "openapi/v0.0.38", "-a", "rest_auth/local",
+             f"unix:{layout.restd_socket}"],
+            log=log_dir / "slurmrestd-local.log",
+            env=base_env,
+        )
+        (layout.root / "run" / "slurmrestd-local.pid").write_text(str(pid))
+        procs.wait_for(layout.restd_socket.exists, 20, "slurmrestd (unix socket)",
+                       hint=f"see {log_dir / 'slurmrestd-local.log'}")
+    if not procs.port_open(layout.restd_port):
+        pid = procs.spawn(
+            ["slurmrestd", "-f", str(layout.conf), "-s", "openapi/v0.0.38", "-a", "rest_auth/jwt",
+             f"127.0.0.1:{layout.restd_port}"],
+            log=log_dir / "slurmrestd-jwt.log",
+            env={**base_env, "SLURM_JWT": "daemon"},
+        )
+        (layout.root / "run" / "slurmrestd-jwt.pid").write_text(str(pid))
+        procs.wait_for(lambda: procs.port_open(layout.restd_port), 20, "slurmrestd (JWT)",
+                       hint=f"see {log_dir / 'slurmrestd-jwt.log'}")
+
+
+def restd_local_healthy(layout: SlurmLayout) -> bool:
+    pid = procs.read_pid(layout.root / "run" / "slurmrestd-local.pid")
+    return procs.pid_alive(pid) and layout.restd_socket.exists()
+
+
+def restd_jwt_healthy(layout: SlurmLayout) -> bool:
+    pid = procs.read_pid(layout.root / "run" / "slurmrestd-jwt.pid")
+    return procs.pid_alive(pid) and procs.port_open(layout.restd_port)
+
+
+def scancel_all(layout: SlurmLayout) -> None:
+    """Cancel every job of this cluster (best effort: the controller may be down)."""
+    if ctld_pid(layout) is None:
+        return
+    env = {**os.environ, **layout.env}
+    listed = subprocess.run(
+        ["squeue", "--noheader", "--format=%i"], env=env, capture_output=True, text=True,
+        timeout=20, check=False,
+    )
+    ids = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    if ids:
+        subprocess.run(["scancel", *ids], env=env, capture_output=True, timeout=20, check=False)

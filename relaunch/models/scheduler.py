@@ -1,0 +1,272 @@
+"""What Relaunch knows about a scheduler's jobs and nodes, independent of the backend."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobState(StrEnum):
+    """Slurm job base states. Anything unrecognised maps to UNKNOWN, never to an error."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    RESIZING = "RESIZING"
+    REVOKED = "REVOKED"
+    SIGNALING = "SIGNALING"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    STAGE_OUT = "STAGE_OUT"
+    STOPPED = "STOPPED"
+    CONFIGURING = "CONFIGURING"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, value: str | None) -> JobState:
+        """Map a Slurm state string (``RUNNING``, ``CANCELLED by 0``, ``node_fail``) to the enum."""
+        if not value:
+            return cls.UNKNOWN
+        head = value.strip().split()[0].upper()
+        try:
+            return cls(head)
+        except ValueError:
+            return cls.UNKNOWN
+
+    @property
+    def is_active(self) -> bool:
+        """Pending or holding resources: the job is not over."""
+        return self in _ACTIVE_JOB_STATES
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_JOB_STATES
+
+    @property
+    def is_abnormal_end(self) -> bool:
+        """Ended in a way that may call for recovery."""
+        return self in _ABNORMAL_JOB_STATES
+
+
+_ACTIVE_JOB_STATES = frozenset(
+    {
+        JobState.PENDING,
+        JobState.RUNNING,
+        JobState.SUSPENDED,
+        JobState.COMPLETING,
+        JobState.CONFIGURING,
+        JobState.REQUEUED,
+        JobState.REQUEUE_HOLD,
+        JobState.REQUEUE_FED,
+        JobState.RESIZING,
+        JobState.SIGNALING,
+        JobState.STAGE_OUT,
+        JobState.STOPPED,
+    }
+)
+_TERMINAL_JOB_STATES = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.CANCELLED,
+        JobState.FAILED,
+        JobState.TIMEOUT,
+        JobState.NODE_FAIL,
+        JobState.PREEMPTED,
+        JobState.BOOT_FAIL,
+        JobState.DEADLINE,
+        JobState.OUT_OF_MEMORY,
+        JobState.REVOKED,
+        JobState.SPECIAL_EXIT,
+    }
+)
+_ABNORMAL_JOB_STATES = frozenset(
+    {
+        JobState.FAILED,
+        JobState.NODE_FAIL,
+        JobState.OUT_OF_MEMORY,
+        JobState.TIMEOUT,
+        JobState.PREEMPTED,
+        JobState.CANCELLED,
+        JobState.BOOT_FAIL,
+        JobState.DEADLINE,
+    }
+)
+
+
+class NodeState(StrEnum):
+    """Slurm node base states (the part before any ``+FLAG``)."""
+
+    IDLE = "IDLE"
+    ALLOCATED = "ALLOCATED"
+    MIXED = "MIXED"
+    DOWN = "DOWN"
+    ERROR = "ERROR"
+    FUTURE = "FUTURE"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, value: str | None) -> NodeState:
+        if not value:
+            return cls.UNKNOWN
+        head = value.strip().split("+")[0].rstrip("*~#!%$@^-").upper()
+        head = {"ALLOC": "ALLOCATED", "MIX": "MIXED", "DRAINED": "IDLE", "DRAIN": "IDLE"}.get(
+            head, head
+        )
+        try:
+            return cls(head)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+class NodeFlag(StrEnum):
+    """Node state flags Relaunch reasons about; others are kept as plain strings."""
+
+    DRAIN = "DRAIN"
+    NOT_RESPONDING = "NOT_RESPONDING"
+    FAIL = "FAIL"
+    COMPLETING = "COMPLETING"
+    MAINTENANCE = "MAINTENANCE"
+    REBOOT_REQUESTED = "REBOOT_REQUESTED"
+    POWERED_DOWN = "POWERED_DOWN"
+    RESERVED = "RESERVED"
+
+
+class ExitCode(BaseModel):
+    """A job's exit code as Slurm prints it, ``<return code>:<signal>``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: int = 0
+    signal: int = 0
+
+    @classmethod
+    def parse(cls, text: str | None) -> ExitCode:
+        """Parse ``"1:0"``; anything malformed is 0:0."""
+        if not text or ":" not in text:
+            return cls()
+        code, _, sig = text.partition(":")
+        try:
+            return cls(code=int(code), signal=int(sig))
+        except ValueError:
+            return cls()
+
+    @classmethod
+    def from_wait_status(cls, status: int) -> ExitCode:
+        """Decode a raw wait(2) status, the form Slurm 22.05's JSON uses."""
+        return cls(code=(status >> 8) & 0xFF, signal=status & 0x7F)
+
+    def __str__(self) -> str:
+        return f"{self.code}:{self.signal}"
+
+
+class Job(BaseModel):
+    """One job as the scheduler reports it, with hostlists expanded and output paths resolved."""
+
+    job_id: str
+    name: str = ""
+    user: str = ""
+    state: JobState = JobState.UNKNOWN
+    reason: str = ""
+    exit_code: ExitCode = Field(default_factory=ExitCode)
+    partition: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    node_count: int = 0
+    excluded_nodes: list[str] = Field(default_factory=list)
+    batch_host: str = ""
+    restart_count: int = 0
+    requeue_allowed: bool = False
+    comment: str = ""
+    stdout_path: str = ""
+    stderr_path: str = ""
+    stdout_pattern: str = ""
+    stderr_pattern: str = ""
+    work_dir: str = ""
+    command: str = ""
+    num_tasks: int = 0
+    time_limit_minutes: int | None = None
+    submit_time: datetime | None = None
+    eligible_time: datetime | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.state is JobState.PENDING and self.reason.startswith("JobHeld")
+
+    @property
+    def comment_fields(self) -> dict[str, str]:
+        """``relaunch=on,max_restarts=2`` → ``{"relaunch": "on", "max_restarts": "2"}``."""
+        fields: dict[str, str] = {}
+        for part in self.comment.split(","):
+            key, sep, value = part.strip().partition("=")
+            if key and sep:
+                fields[key] = value
+        return fields
+
+
+class Node(BaseModel):
+    """One node as the scheduler reports it."""
+
+    name: str
+    state: NodeState = NodeState.UNKNOWN
+    flags: list[str] = Field(default_factory=list)
+    reason: str = ""
+    reason_user: str = ""
+    reason_time: datetime | None = None
+    partitions: list[str] = Field(default_factory=list)
+    cpus: int = 0
+    alloc_cpus: int = 0
+
+    @property
+    def drain_flag(self) -> bool:
+        """Marked to drain (drained or still draining)."""
+        return NodeFlag.DRAIN in self.flags
+
+    @property
+    def drained(self) -> bool:
+        """Drained and idle: nothing runs there any more."""
+        return self.drain_flag and self.alloc_cpus == 0 and self.state is not NodeState.ALLOCATED
+
+    @property
+    def responding(self) -> bool:
+        return NodeFlag.NOT_RESPONDING not in self.flags and self.state is not NodeState.DOWN
+
+    @property
+    def schedulable(self) -> bool:
+        """Could take new work."""
+        return (
+            self.state in {NodeState.IDLE, NodeState.MIXED, NodeState.ALLOCATED}
+            and not self.drain_flag
+            and NodeFlag.FAIL not in self.flags
+            and NodeFlag.NOT_RESPONDING not in self.flags
+        )
+
+    @property
+    def display_state(self) -> str:
+        return "+".join([self.state.value, *self.flags])
+
+
+class ActionResult(BaseModel):
+    """What an idempotent scheduler action did, with the fresh state read before and after."""
+
+    action: str
+    target: str
+    changed: bool
+    note: str = ""
+    before: str = ""
+    after: str = ""
+    new_job_id: str | None = None

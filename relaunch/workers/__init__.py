@@ -1,0 +1,1 @@
+"""Process entrypoints: the `relaunch` CLI (and, in later issues, the worker, watcher, agent)."""

@@ -1,0 +1,293 @@
+"""The `relaunch` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.devstack.stack import Stack, StackConfig, StackStatus
+from relaunch.models.errors import RelaunchError
+from relaunch.models.scheduler import ActionResult, Job, Node
+
+T = TypeVar("T")
+EX_TEMPFAIL = 75  # sysexits.h: try again later
+
+STATE_DIR_OPTION = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".relaunch"),
+    show_default=True,
+    help="Where the local stack keeps its files and state.",
+)
+
+
+def _fail(exc: RelaunchError) -> NoReturn:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(EX_TEMPFAIL if exc.retryable else 1)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="relaunch")
+def cli() -> None:
+    """Relaunch keeps distributed training jobs running on Slurm.
+
+    It detects interrupted or stalled jobs, works out which node is to blame, drains it, and
+    restarts the job from its last checkpoint on healthy nodes — in monitor mode only after an
+    operator approves.
+    """
+
+
+# ---------------------------------------------------------------------- dev stack
+
+
+@cli.group()
+def dev() -> None:
+    """The local stack: Temporal, PostgreSQL and an N-node Slurm on this machine."""
+
+
+def _print_status(status: StackStatus) -> None:
+    width = max(len(p.name) for p in status.parts)
+    for part in status.parts:
+        mark = "ok  " if part.healthy else "DOWN"
+        pid = f"pid {part.pid}" if part.pid else "-"
+        detail = f"  {part.detail}" if part.detail else ""
+        click.echo(f"  {mark} {part.name:<{width}}  {part.address}  ({pid}){detail}")
+
+
+@dev.command("up")
+@STATE_DIR_OPTION
+@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Number of Slurm nodes (first `up` only).")
+@click.option("--cred-expire", type=click.IntRange(5, 3600), default=10, show_default=True,
+              help="Slurm cred_expire in seconds; a requeued job waits this long before it may "
+                   "start again (Slurm's default is 120).")
+def dev_up(state_dir: Path, nodes: int, cred_expire: int) -> None:
+    """Start the local stack (idempotent: running parts are left alone)."""
+    saved = state_dir / "stack.json"
+    config = None if saved.exists() else StackConfig(nodes=nodes, cred_expire=cred_expire)
+    stack = Stack(state_dir, config)
+    try:
+        status = stack.up(progress=lambda msg: click.echo(f"… {msg}", err=True))
+    except RelaunchError as exc:
+        _fail(exc)
+    click.echo(f"Relaunch dev stack in {stack.state_dir}:")
+    _print_status(status)
+    click.echo("")
+    click.echo(f"Temporal UI: {stack.temporal_ui}")
+    click.echo("To use this stack from your shell:")
+    click.echo(f"export SLURM_CONF={stack.slurm.conf}")
+    click.echo(f"export TEMPORAL_ADDRESS={stack.temporal_address}")
+    click.echo(f"export PATH={Path(sys.executable).parent}:$PATH")
+    if not status.healthy:
+        sys.exit(1)
+
+
+@dev.command("down")
+@STATE_DIR_OPTION
+def dev_down(state_dir: Path) -> None:
+    """Stop every process of the local stack, jobs included."""
+    if not (state_dir / "stack.json").exists():
+        click.echo(f"no stack under {state_dir.resolve()}; nothing to stop")
+        return
+    try:
+        count = Stack(state_dir).down(progress=lambda msg: click.echo(f"… {msg}", err=True))
+    except RelaunchError as exc:
+        _fail(exc)
+    click.echo(f"stack under {state_dir.resolve()} stopped ({count} processes)")
+
+
+@dev.command("status")
+@STATE_DIR_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def dev_status(state_dir: Path, as_json: bool) -> None:
+    """Show each part of the local stack, its address, and whether it is healthy.
+
+    Exits 1 when any part is not healthy."""
+    if not (state_dir / "stack.json").exists():
+        click.echo(f"no stack under {state_dir.resolve()}; start one with `relaunch dev up`")
+        sys.exit(1)
+    status = Stack(state_dir).status()
+    if as_json:
+        click.echo(status.model_dump_json(indent=2))
+    else:
+        _print_status(status)
+    if not status.healthy:
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------- slurm adapter
+
+
+def _slurm(slurm_conf: Path | None) -> SlurmCli:
+    conf = slurm_conf or (Path(os.environ["SLURM_CONF"]) if os.environ.get("SLURM_CONF") else None)
+    if conf is None:
+        local = Path(".relaunch/slurm/slurm.conf")
+        conf = local if local.exists() else None
+    return SlurmCli(env={"SLURM_CONF": str(conf.resolve())} if conf else None)
+
+
+@cli.group()
+@click.option("--slurm-conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="slurm.conf to use (default: $SLURM_CONF, else the local stack's).")
+@click.pass_context
+def slurm(ctx: click.Context, slurm_conf: Path | None) -> None:
+    """Read and act on a Slurm cluster through Relaunch's adapter.
+
+    Every action is idempotent: it reads fresh state, acts only if needed, and verifies."""
+    ctx.obj = _slurm(slurm_conf)
+
+
+def _call(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return _run(coro)
+    except RelaunchError as exc:
+        _fail(exc)
+
+
+def _echo_action(result: ActionResult) -> None:
+    verb = "done" if result.changed else "unchanged"
+    extra = f" — {result.note}" if result.note else ""
+    click.echo(f"{result.action} {result.target}: {verb}{extra}")
+    click.echo(f"  before: {result.before}")
+    click.echo(f"  after:  {result.after}")
+    if result.new_job_id:
+        click.echo(f"  new job: {result.new_job_id}")
+
+
+def _job_line(job: Job) -> str:
+    nodes = ",".join(job.nodes) or "-"
+    return (f"{job.job_id:>8}  {job.state.value:<13} {job.partition:<8} {nodes:<16} "
+            f"restarts={job.restart_count} exit={job.exit_code} {job.reason}")
+
+
+@slurm.command("jobs")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, one job per line.")
+@click.pass_obj
+def slurm_jobs(sched: SlurmCli, as_json: bool) -> None:
+    """List every job the controller knows."""
+    for job in _call(sched.list_jobs()):
+        click.echo(job.model_dump_json() if as_json else _job_line(job))
+
+
+@slurm.command("job")
+@click.argument("job_id")
+@click.pass_obj
+def slurm_job(sched: SlurmCli, job_id: str) -> None:
+    """Show one job in full (JSON)."""
+    click.echo(_call(sched.get_job(job_id)).model_dump_json(indent=2))
+
+
+def _node_line(node: Node) -> str:
+    reason = f"  reason={node.reason!r} by {node.reason_user}" if node.reason else ""
+    return f"{node.name:<10} {node.display_state:<24}{reason}"
+
+
+@slurm.command("nodes")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, one node per line.")
+@click.pass_obj
+def slurm_nodes(sched: SlurmCli, as_json: bool) -> None:
+    """List nodes with state, flags and drain reason."""
+    for node in _call(sched.list_nodes()):
+        click.echo(node.model_dump_json() if as_json else _node_line(node))
+
+
+@slurm.command("drain")
+@click.argument("node")
+@click.option("--reason", required=True, help="Why; shown by `sinfo -R`.")
+@click.pass_obj
+def slurm_drain(sched: SlurmCli, node: str, reason: str) -> None:
+    """Drain NODE: running jobs finish, no new job starts there."""
+    _echo_action(_call(sched.drain_node(node, reason)))
+
+
+@slurm.command("resume")
+@click.argument("node")
+@click.pass_obj
+def slurm_resume(sched: SlurmCli, node: str) -> None:
+    """Return a drained NODE to service."""
+    _echo_action(_call(sched.resume_node(node)))
+
+
+@slurm.command("requeue")
+@click.argument("job_id")
+@click.option("--hold", is_flag=True, help="Requeue held (requeuehold).")
+@click.option("--exclude", default="", help="Comma-separated nodes to exclude once pending.")
+@click.pass_obj
+def slurm_requeue(sched: SlurmCli, job_id: str, hold: bool, exclude: str) -> None:
+    """Requeue JOB_ID (it restarts from its batch script), optionally excluding nodes."""
+
+    async def go() -> list[ActionResult]:
+        results = [await sched.requeue_job(job_id, hold=hold)]
+        nodes = [n for n in exclude.split(",") if n]
+        if nodes:
+            results.append(await sched.exclude_nodes(job_id, nodes))
+        return results
+
+    for result in _call(go()):
+        _echo_action(result)
+
+
+@slurm.command("hold")
+@click.argument("job_id")
+@click.pass_obj
+def slurm_hold(sched: SlurmCli, job_id: str) -> None:
+    """Hold a pending JOB_ID."""
+    _echo_action(_call(sched.hold_job(job_id)))
+
+
+@slurm.command("release")
+@click.argument("job_id")
+@click.pass_obj
+def slurm_release(sched: SlurmCli, job_id: str) -> None:
+    """Release a held JOB_ID."""
+    _echo_action(_call(sched.release_job(job_id)))
+
+
+@slurm.command("exclude")
+@click.argument("job_id")
+@click.argument("nodes", nargs=-1, required=True)
+@click.pass_obj
+def slurm_exclude(sched: SlurmCli, job_id: str, nodes: tuple[str, ...]) -> None:
+    """Exclude NODES from a pending JOB_ID (added to its own exclusions)."""
+    _echo_action(_call(sched.exclude_nodes(job_id, list(nodes))))
+
+
+@slurm.command("cancel")
+@click.argument("job_id")
+@click.pass_obj
+def slurm_cancel(sched: SlurmCli, job_id: str) -> None:
+    """Cancel JOB_ID."""
+    _echo_action(_call(sched.cancel_job(job_id)))
+
+
+@slurm.command("resubmit")
+@click.argument("job_id")
+@click.option("--exclude", default="", help="Comma-separated nodes the new job must avoid.")
+@click.pass_obj
+def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
+    """Submit JOB_ID's batch script again as a new job (lineage kept in its comment)."""
+    nodes = [n for n in exclude.split(",") if n]
+    _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except RelaunchError as exc:  # anything not caught closer to its command
+        _fail(exc)
+
+
+if __name__ == "__main__":
+    main()
