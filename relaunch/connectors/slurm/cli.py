@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.runner import (
+    CONTROLLER_HINT,
     CommandResult,
     CommandRunner,
     LocalRunner,
@@ -21,9 +22,11 @@ from relaunch.connectors.slurm.runner import (
 )
 from relaunch.models import names
 from relaunch.models.errors import (
+    ControllerUnavailableError,
     InvalidStateError,
     JobNotFoundError,
     NodeNotFoundError,
+    SchedulerError,
     VerificationError,
 )
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node
@@ -81,12 +84,27 @@ class SlurmCli:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
+    async def _json(self, argv: Sequence[str]) -> dict[str, Any]:
+        """Run a ``--json`` read. Slurm 22.05 exits 0 and reports failures inside the JSON, so
+        its ``errors`` are checked, and ``scontrol ping`` tells a dead controller apart."""
+        result = await self._checked(argv)
+        data = parse.load_json(result.stdout, argv[0])
+        errors = parse.json_errors(data)
+        if errors:
+            ping = await self._runner.run(["scontrol", "ping"], timeout=self._timeout)
+            if ping.returncode != 0 or "DOWN" in ping.stdout:
+                raise ControllerUnavailableError(
+                    f"{argv[0]}: the Slurm controller does not answer", hint=CONTROLLER_HINT
+                )
+            raise SchedulerError(f"{argv[0]} reported: {'; '.join(errors)[:300]}")
+        return data
+
     # ---------------------------------------------------------------- reads
 
     async def list_jobs(self) -> list[Job]:
         """Every job slurmctld knows (pending, running and recently finished), one call."""
-        result = await self._checked(["squeue", "--json"])
-        return parse.jobs_from_json(result.stdout)
+        data = await self._json(["squeue", "--json"])
+        return [parse.job_from_json(raw) for raw in data.get("jobs") or []]
 
     async def get_job(self, job_id: str) -> Job:
         job_id = names.job_id(job_id)
@@ -99,8 +117,8 @@ class SlurmCli:
         )
 
     async def list_nodes(self) -> list[Node]:
-        result = await self._checked(["sinfo", "--json"])
-        return parse.nodes_from_json(result.stdout)
+        data = await self._json(["sinfo", "--json"])
+        return parse.nodes_from_data(data)
 
     async def get_node(self, name: str) -> Node:
         name = names.node_name(name)
@@ -273,10 +291,7 @@ class SlurmCli:
             )
         await self._checked(["scancel", job_id])
         after = await self._until(
-            lambda: self.get_job(job_id),
-            lambda j: j.state in {JobState.CANCELLED, JobState.COMPLETING}
-            or j.state.is_terminal,
-            f"cancel {job_id}",
+            lambda: self.get_job(job_id), lambda j: j.state.is_terminal, f"cancel {job_id}"
         )
         return self._job_result("cancel", before, after, changed=True)
 
@@ -286,11 +301,22 @@ class SlurmCli:
         child it already submitted and returns it instead of submitting twice."""
         job_id = names.job_id(job_id)
         excluded = [names.node_name(n) for n in exclude]
-        jobs = await self.list_jobs()
+        # While COMPLETING, Slurm's record shrinks to the nodes still cleaning up, so the job's
+        # shape (node count) is read only once it has fully ended.
+        jobs = await self._until(
+            self.list_jobs,
+            lambda js: all(j.state is not JobState.COMPLETING for j in js if j.job_id == job_id),
+            f"job {job_id} to finish completing",
+        )
         by_id = {j.job_id: j for j in jobs}
         if job_id not in by_id:
             raise JobNotFoundError(f"job {job_id} not found")
         before = by_id[job_id]
+        if before.state.is_active:
+            raise InvalidStateError(
+                f"job {job_id} is still {before.state.value}",
+                hint="cancel it (or let it end) before resubmitting, so that two copies never run",
+            )
         for job in jobs:
             if job.comment_fields.get(LINEAGE_KEY) == job_id:
                 return ActionResult(
@@ -343,7 +369,8 @@ def resubmit_argv(job: Job, exclude: Sequence[str]) -> list[str]:
         argv.append(f"--error={job.stderr_pattern}")
     if job.requeue_allowed:
         argv.append("--requeue")
-    excluded = [*job.excluded_nodes, *(n for n in exclude if n not in job.excluded_nodes)]
+    # Names from Slurm's own record are validated too: nothing unchecked reaches sbatch.
+    excluded = list(dict.fromkeys(names.node_name(n) for n in [*job.excluded_nodes, *exclude]))
     if excluded:
         argv.append(f"--exclude={','.join(excluded)}")
     if os.geteuid() == 0 and job.user and job.user != "root":

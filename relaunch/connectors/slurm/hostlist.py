@@ -91,7 +91,9 @@ def compress(hosts: list[str]) -> str:
             order.append(host)
             continue
         prefix, digits = m.group(1), m.group(2)
-        width = len(digits) if digits.startswith("0") else 0
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        if not width and (prefix, len(digits)) in groups:
+            width = len(digits)  # n10 continues n[08-09] as Slurm does: n[08-10]
         key = (prefix, width)
         if key not in groups:
             groups[key] = []

@@ -161,6 +161,19 @@ def job_from_json(raw: dict[str, Any]) -> Job:
     )
 
 
+def json_errors(data: dict[str, Any]) -> list[str]:
+    """The ``errors`` Slurm put in a JSON answer (squeue/sinfo exit 0 even when they fail)."""
+    out = []
+    for error in data.get("errors") or []:
+        if isinstance(error, dict):
+            text = error.get("description") or error.get("error") or "unspecified error"
+            source = error.get("source")
+            out.append(f"{source}: {text}" if source else str(text))
+        else:
+            out.append(str(error))
+    return out
+
+
 def jobs_from_json(text: str) -> list[Job]:
     """Parse the whole answer of ``squeue --json`` or ``GET /slurm/v0.0.38/jobs``."""
     data = load_json(text, "job list")
@@ -194,7 +207,11 @@ def node_from_json(raw: dict[str, Any]) -> Node:
 
 def nodes_from_json(text: str) -> list[Node]:
     """Parse the whole answer of ``sinfo --json`` or ``GET /slurm/v0.0.38/nodes``."""
-    data = load_json(text, "node list")
+    return nodes_from_data(load_json(text, "node list"))
+
+
+def nodes_from_data(data: dict[str, Any]) -> list[Node]:
+    """Nodes from decoded sinfo/slurmrestd JSON, first occurrence of each name kept."""
     seen: dict[str, Node] = {}
     for raw in data.get("nodes") or []:
         node = node_from_json(raw)

@@ -88,8 +88,14 @@ class LocalRunner:
 
 
 def raise_for_controller(result: CommandResult) -> None:
-    """Raise ControllerUnavailableError when the output says slurmctld is unreachable."""
+    """Raise ControllerUnavailableError when the output says slurmctld is unreachable, and a
+    SchedulerError with a hint when the client found no slurm.conf at all."""
     text = result.stderr + result.stdout
+    if "Could not establish a configuration source" in text:
+        raise SchedulerError(
+            f"{result.argv[0]}: no Slurm configuration found",
+            hint="set SLURM_CONF (or pass --slurm-conf), or run `relaunch dev up`",
+        )
     if any(marker in text for marker in _CONTROLLER_DOWN):
         raise ControllerUnavailableError(
             f"{result.argv[0]}: the Slurm controller does not answer", hint=CONTROLLER_HINT

@@ -1,0 +1,85 @@
+"""Shared fixtures. The real stack (Temporal, PostgreSQL, munge, Slurm) starts once per test
+session, on free ports under a temporary directory, and only when a test asks for it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.devstack.stack import Stack, StackConfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    """A real local stack for the whole session: 4 Slurm nodes, short cred_expire."""
+    root = Path(tempfile.mkdtemp(prefix="relaunch-test-"))
+    instance = Stack(root / "state", StackConfig.with_free_ports(cluster="test", cred_expire=10))
+    try:
+        instance.up()
+        yield instance
+    finally:
+        instance.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_env(stack: Stack) -> dict[str, str]:
+    """The environment a user's shell would have after `export SLURM_CONF=...`."""
+    return {**os.environ, **stack.slurm_env}
+
+
+@pytest.fixture
+def scheduler(stack: Stack) -> SlurmCli:
+    return stack.scheduler()
+
+
+@pytest.fixture(scope="session")
+def database_url(stack: Stack) -> str:
+    return stack.database_url
+
+
+@pytest.fixture
+def pg(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+async def temporal_client(stack: Stack) -> AsyncIterator[Client]:
+    client = await Client.connect(
+        stack.temporal_address, namespace="default", data_converter=pydantic_data_converter
+    )
+    yield client
+
+
+def sbatch(env: dict[str, str], *args: str, script: str | None = None) -> str:
+    """Submit a job the way a user would, returning its id."""
+    result = subprocess.run(
+        ["sbatch", "--parsable", *args],
+        input=script,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return result.stdout.strip().split(";")[0]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    # Slurm's daemons run as root and write job output here.
+    tmp_path.chmod(0o755)
+    return tmp_path

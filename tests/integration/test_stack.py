@@ -1,0 +1,107 @@
+"""`relaunch dev up | status | down` bring up a real stack and take all of it down again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client
+
+from relaunch.devstack.services import temporal_binary
+from relaunch.devstack.stack import Stack, StackConfig
+from relaunch.models.search_attributes import SEARCH_ATTRIBUTES
+
+RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
+
+
+def test_shell_tools_see_the_stack(stack: Stack, slurm_env: dict[str, str]) -> None:
+    sinfo = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %t"], env=slurm_env,
+                           capture_output=True, text=True, check=True)
+    states = dict(line.split() for line in sinfo.stdout.splitlines())
+    assert states == {f"n{i}": "idle" for i in range(1, 5)}
+    listed = subprocess.run(
+        [str(temporal_binary()), "workflow", "list", "--address", stack.temporal_address],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert listed.returncode == 0, listed.stderr
+    with psycopg.connect(stack.database_url) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+async def test_search_attributes_registered(temporal_client: Client) -> None:
+    response = await temporal_client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace="default")
+    )
+    for name in SEARCH_ATTRIBUTES:
+        assert name in response.custom_attributes
+
+
+def test_up_twice_changes_nothing(stack: Stack) -> None:
+    before = {p.name: p.pid for p in stack.status().parts}
+    status = stack.up()
+    assert status.healthy
+    assert {p.name: p.pid for p in status.parts} == before
+
+
+def _stack_pids(state_dir: Path, conf: Path) -> list[str]:
+    """Independent of the code under test: every process naming the state dir or its conf."""
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            env = proc.environ() if proc.pid != os.getpid() else {}
+        except psutil.Error:
+            continue
+        if str(state_dir) in cmd or env.get("SLURM_CONF") == str(conf):
+            found.append(f"{proc.pid} {proc.info['name']}")
+    return found
+
+
+def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    # Fix the ports through stack.json, as a first `up` would have.
+    state.mkdir()
+    config = StackConfig.with_free_ports(cluster="downtest", nodes=2)
+    (state / "stack.json").write_text(config.model_dump_json())
+    up = subprocess.run([*RELAUNCH, "dev", "up", "--state-dir", str(state)],
+                        capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stderr
+    conf = state.resolve() / "slurm" / "slurm.conf"
+    assert f"export SLURM_CONF={conf}" in up.stdout.splitlines()
+    assert f"export TEMPORAL_ADDRESS=127.0.0.1:{config.temporal_port}" in up.stdout.splitlines()
+
+    status = subprocess.run([*RELAUNCH, "dev", "status", "--state-dir", str(state)],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "DOWN" not in status.stdout, status.stdout
+    assert "slurmd n2" in status.stdout and f"127.0.0.1:{config.temporal_port}" in status.stdout
+
+    # A running 2-node job whose processes record their pids.
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    pids = tmp_path / "pids"
+    pids.mkdir(mode=0o777)
+    subprocess.run(
+        ["sbatch", "-N", "2", f"--output={tmp_path}/job.out",
+         f"--wrap=srun bash -c 'echo $$ > {pids}/$SLURMD_NODENAME; exec sleep 600'"],
+        env=env, check=True, capture_output=True, timeout=30,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2:
+        assert time.monotonic() < deadline, "job did not start"
+        time.sleep(0.3)
+    job_pids = [int(p.read_text()) for p in pids.iterdir()]
+    assert all(psutil.pid_exists(p) for p in job_pids)
+
+    down = subprocess.run([*RELAUNCH, "dev", "down", "--state-dir", str(state)],
+                          capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not [p for p in job_pids if psutil.pid_exists(p)]
+    assert _stack_pids(state.resolve(), conf) == []
+    after = subprocess.run([*RELAUNCH, "dev", "status", "--state-dir", str(state)],
+                           capture_output=True, text=True, timeout=60)
+    assert after.returncode == 1 and "DOWN" in after.stdout

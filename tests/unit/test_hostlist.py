@@ -1,0 +1,74 @@
+"""Hostlist expressions as Slurm prints them in squeue/sinfo output and accepts in --exclude."""
+
+import pytest
+
+from relaunch.connectors.slurm.hostlist import compress, expand
+from relaunch.models.errors import InvalidNameError
+
+
+@pytest.mark.parametrize(
+    ("expr", "hosts"),
+    [
+        ("n[1-3,7]", ["n1", "n2", "n3", "n7"]),
+        ("gpu-a[01-04]", ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a04"]),
+        # Several bracket groups: the cartesian product, rightmost group varying fastest.
+        ("r[1-2]-n[01-02]", ["r1-n01", "r1-n02", "r2-n01", "r2-n02"]),
+        ("a,b[1-2]", ["a", "b1", "b2"]),
+        ("n[9-11]", ["n9", "n10", "n11"]),
+        ("n[08-11]", ["n08", "n09", "n10", "n11"]),
+        ("login", ["login"]),
+        ("gpu-a01", ["gpu-a01"]),
+    ],
+)
+def test_expand(expr: str, hosts: list[str]) -> None:
+    assert expand(expr) == hosts
+
+
+@pytest.mark.parametrize("expr", ["", "   ", "(null)", None])
+def test_expand_empty_means_no_hosts(expr: str | None) -> None:
+    assert expand(expr) == []
+
+
+@pytest.mark.parametrize(
+    ("expr", "word"),
+    [
+        ("n[1-3", "unbalanced"),
+        ("n1-3]", "unbalanced"),
+        ("n[1-2]]", "unbalanced"),
+        ("n[3-1]", "descending"),
+        ("n[1-[2]]", "nested"),
+        ("n[[1]]", "nested"),
+        ("n[]", "bad range"),
+        ("n[a-b]", "bad range"),
+    ],
+)
+def test_expand_rejects_malformed(expr: str, word: str) -> None:
+    with pytest.raises(InvalidNameError, match=word):
+        expand(expr)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expr"),
+    [
+        (["n1", "n2", "n3", "n7"], "n[1-3,7]"),
+        (["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a04"], "gpu-a[01-04]"),
+        (["n0", "n1", "n2"], "n[0-2]"),
+        (["n08", "n09", "n10", "n11"], "n[08-11]"),
+        (["n007", "n008", "n010"], "n[007-008,010]"),
+        (["login"], "login"),
+        (["a", "b1", "b2"], "a,b[1-2]"),
+        ([], ""),
+    ],
+)
+def test_compress(hosts: list[str], expr: str) -> None:
+    assert compress(hosts) == expr
+    assert expand(compress(hosts)) == hosts
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["n[1-3,7]", "gpu-a[01-04]", "r[1-2]-n[01-02]", "n[0-12]", "n[008-120]", "a,b[1-2],c09"],
+)
+def test_expand_compress_round_trip(expr: str) -> None:
+    hosts = expand(expr)
+    assert expand(compress(hosts)) == hosts
