@@ -12,7 +12,7 @@ deps:
 demo: deps
 	$(PY) examples/demo.py
 
-test: deps
+test: deps lint typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: unit tests only, no stack (seconds).

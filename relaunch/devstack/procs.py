@@ -37,7 +37,7 @@ def pid_alive(pid: int | None) -> bool:
         return False
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 

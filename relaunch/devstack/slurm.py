@@ -58,7 +58,9 @@ class SlurmLayout(BaseModel):
 
 
 def require_binaries() -> None:
-    missing = [b for b in ("slurmctld", "slurmd", "sinfo", "munged", "slurmrestd") if not shutil.which(b)]
+    missing = [
+        b for b in ("slurmctld", "slurmd", "sinfo", "munged", "slurmrestd") if not shutil.which(b)
+    ]
     if missing:
         raise StackError(
             f"Slurm is not installed (missing: {', '.join(missing)})",
@@ -79,7 +81,7 @@ def write_conf(layout: SlurmLayout) -> None:
         for n, p in zip(layout.nodes, layout.slurmd_ports, strict=True)
     )
     layout.conf.write_text(
-        f"""# Written by `relaunch dev up`: a local {len(layout.nodes)}-node cluster for development.
+        f"""# Written by `relaunch dev up`: a local {len(layout.nodes)}-node development cluster.
 ClusterName={layout.cluster}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={layout.slurmctld_port}
@@ -112,7 +114,7 @@ JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 {node_lines}
-PartitionName=debug Nodes={','.join(layout.nodes)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={",".join(layout.nodes)} Default=YES MaxTime=INFINITE State=UP
 """
     )
 
@@ -188,24 +190,48 @@ def start_restd(layout: SlurmLayout) -> None:
     if not restd_local_healthy(layout):
         layout.restd_socket.unlink(missing_ok=True)
         pid = procs.spawn(
-            ["slurmrestd", "-f", str(layout.conf), "-s", "openapi/v0.0.38", "-a", "rest_auth/local",
-             f"unix:{layout.restd_socket}"],
+            [
+                "slurmrestd",
+                "-f",
+                str(layout.conf),
+                "-s",
+                "openapi/v0.0.38",
+                "-a",
+                "rest_auth/local",
+                f"unix:{layout.restd_socket}",
+            ],
             log=log_dir / "slurmrestd-local.log",
             env=base_env,
         )
         (layout.root / "run" / "slurmrestd-local.pid").write_text(str(pid))
-        procs.wait_for(layout.restd_socket.exists, 20, "slurmrestd (unix socket)",
-                       hint=f"see {log_dir / 'slurmrestd-local.log'}")
+        procs.wait_for(
+            layout.restd_socket.exists,
+            20,
+            "slurmrestd (unix socket)",
+            hint=f"see {log_dir / 'slurmrestd-local.log'}",
+        )
     if not procs.port_open(layout.restd_port):
         pid = procs.spawn(
-            ["slurmrestd", "-f", str(layout.conf), "-s", "openapi/v0.0.38", "-a", "rest_auth/jwt",
-             f"127.0.0.1:{layout.restd_port}"],
+            [
+                "slurmrestd",
+                "-f",
+                str(layout.conf),
+                "-s",
+                "openapi/v0.0.38",
+                "-a",
+                "rest_auth/jwt",
+                f"127.0.0.1:{layout.restd_port}",
+            ],
             log=log_dir / "slurmrestd-jwt.log",
             env={**base_env, "SLURM_JWT": "daemon"},
         )
         (layout.root / "run" / "slurmrestd-jwt.pid").write_text(str(pid))
-        procs.wait_for(lambda: procs.port_open(layout.restd_port), 20, "slurmrestd (JWT)",
-                       hint=f"see {log_dir / 'slurmrestd-jwt.log'}")
+        procs.wait_for(
+            lambda: procs.port_open(layout.restd_port),
+            20,
+            "slurmrestd (JWT)",
+            hint=f"see {log_dir / 'slurmrestd-jwt.log'}",
+        )
 
 
 def restd_local_healthy(layout: SlurmLayout) -> bool:
@@ -224,8 +250,12 @@ def scancel_all(layout: SlurmLayout) -> None:
         return
     env = {**os.environ, **layout.env}
     listed = subprocess.run(
-        ["squeue", "--noheader", "--format=%i"], env=env, capture_output=True, text=True,
-        timeout=20, check=False,
+        ["squeue", "--noheader", "--format=%i"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
     )
     ids = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
     if ids:

@@ -96,7 +96,9 @@ class Stack:
         saved = self.state_dir / "stack.json"
         if config is None:
             config = (
-                StackConfig.model_validate_json(saved.read_text()) if saved.exists() else StackConfig()
+                StackConfig.model_validate_json(saved.read_text())
+                if saved.exists()
+                else StackConfig()
             )
         if config.database_url is None and os.environ.get(DATABASE_URL_ENV):
             config = config.model_copy(update={"database_url": os.environ[DATABASE_URL_ENV]})
@@ -151,7 +153,9 @@ class Stack:
         if not saved.exists():
             saved.write_text(self.config.model_dump_json(indent=2))
         if services.temporal_pid(self.temporal_root) is None:
-            progress(f"starting Temporal dev server on {self.temporal_address} (UI {self.temporal_ui})")
+            progress(
+                f"starting Temporal dev server on {self.temporal_address} (UI {self.temporal_ui})"
+            )
             if procs.port_open(self.config.temporal_port):
                 raise StackError(
                     f"port {self.config.temporal_port} is taken by another program",
@@ -171,13 +175,19 @@ class Stack:
         start_munge(self.slurm)
         if not self.slurm.conf.exists():
             write_conf(self.slurm)
-        if ctld_pid(self.slurm) is None or any(slurmd_pid(self.slurm, n) is None for n in self.slurm.nodes):
-            progress(f"starting Slurm: slurmctld + {len(self.slurm.nodes)} slurmd ({','.join(self.slurm.nodes)})")
+        if ctld_pid(self.slurm) is None or any(
+            slurmd_pid(self.slurm, n) is None for n in self.slurm.nodes
+        ):
+            progress(f"starting Slurm: slurmctld + slurmd {','.join(self.slurm.nodes)}")
         start_daemons(self.slurm)
         start_restd(self.slurm)
         progress("waiting for the nodes to register")
         procs.wait_for(
-            self._nodes_ready, 60, "Slurm nodes", interval=0.5, hint=f"see {self.slurm.root / 'log'}"
+            self._nodes_ready,
+            60,
+            "Slurm nodes",
+            interval=0.5,
+            hint=f"see {self.slurm.root / 'log'}",
         )
         self._wait_database()
         return self.status()
@@ -254,7 +264,9 @@ class Stack:
                 address=self._redacted_db(),
                 pid=None if self.config.database_url else services.postgres_pid(self.postgres_root),
                 healthy=db_ok,
-                detail="external (RELAUNCH_DATABASE_URL)" if self.config.database_url else "embedded",
+                detail="external (RELAUNCH_DATABASE_URL)"
+                if self.config.database_url
+                else "embedded",
             )
         )
         parts.append(
@@ -279,7 +291,8 @@ class Stack:
                 address=f"127.0.0.1:{self.config.slurmctld_port}",
                 pid=cpid,
                 healthy=bool(cpid) and bool(nodes_by_name),
-                detail=nodes_detail or f"SLURM_CONF={self.slurm.conf} cred_expire={self.config.cred_expire}s",
+                detail=nodes_detail
+                or f"SLURM_CONF={self.slurm.conf} cred_expire={self.config.cred_expire}s",
             )
         )
         for node, port in zip(self.slurm.nodes, self.slurm.slurmd_ports, strict=True):

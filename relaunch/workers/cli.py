@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from collections.abc import Coroutine
@@ -68,11 +67,21 @@ def _print_status(status: StackStatus) -> None:
 
 @dev.command("up")
 @STATE_DIR_OPTION
-@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Number of Slurm nodes (first `up` only).")
-@click.option("--cred-expire", type=click.IntRange(5, 3600), default=10, show_default=True,
-              help="Slurm cred_expire in seconds; a requeued job waits this long before it may "
-                   "start again (Slurm's default is 120).")
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Number of Slurm nodes (first `up` only).",
+)
+@click.option(
+    "--cred-expire",
+    type=click.IntRange(5, 3600),
+    default=10,
+    show_default=True,
+    help="Slurm cred_expire in seconds; a requeued job waits this long before it may "
+    "start again (Slurm's default is 120).",
+)
 def dev_up(state_dir: Path, nodes: int, cred_expire: int) -> None:
     """Start the local stack (idempotent: running parts are left alone)."""
     saved = state_dir / "stack.json"
@@ -139,8 +148,12 @@ def _slurm(slurm_conf: Path | None) -> SlurmCli:
 
 
 @cli.group()
-@click.option("--slurm-conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="slurm.conf to use (default: $SLURM_CONF, else the local stack's).")
+@click.option(
+    "--slurm-conf",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="slurm.conf to use (default: $SLURM_CONF, else the local stack's).",
+)
 @click.pass_context
 def slurm(ctx: click.Context, slurm_conf: Path | None) -> None:
     """Read and act on a Slurm cluster through Relaunch's adapter.
@@ -168,8 +181,10 @@ def _echo_action(result: ActionResult) -> None:
 
 def _job_line(job: Job) -> str:
     nodes = ",".join(job.nodes) or "-"
-    return (f"{job.job_id:>8}  {job.state.value:<13} {job.partition:<8} {nodes:<16} "
-            f"restarts={job.restart_count} exit={job.exit_code} {job.reason}")
+    return (
+        f"{job.job_id:>8}  {job.state.value:<13} {job.partition:<8} {nodes:<16} "
+        f"restarts={job.restart_count} exit={job.exit_code} {job.reason}"
+    )
 
 
 @slurm.command("jobs")

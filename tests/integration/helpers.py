@@ -14,9 +14,7 @@ srun -l bash -c 'for i in $(seq 1 600); do echo "step $i node $SLURMD_NODENAME";
 """
 
 
-async def wait_job(
-    sched: SlurmCli, job_id: str, state: JobState, timeout: float = 60.0
-) -> Job:
+async def wait_job(sched: SlurmCli, job_id: str, state: JobState, timeout: float = 60.0) -> Job:
     """Poll until the job reaches ``state``; fail with what it was doing instead."""
     deadline = time.monotonic() + timeout
     job = await sched.get_job(job_id)

@@ -15,7 +15,9 @@ from relaunch.devstack.stack import Stack
 RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
 
 
-def relaunch(stack: Stack, *args: str, conf: Path | None = None) -> subprocess.CompletedProcess[str]:
+def relaunch(
+    stack: Stack, *args: str, conf: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLURM_CONF": str(conf or stack.slurm.conf)}
     return subprocess.run([*RELAUNCH, *args], env=env, capture_output=True, text=True, timeout=60)
 
@@ -48,14 +50,18 @@ def test_hostile_node_name_never_reaches_slurm(stack: Stack, name: str) -> None:
 
 def test_hostile_job_id_and_reason(stack: Stack) -> None:
     assert_one_line_error(relaunch(stack, "slurm", "requeue", "12;ls"), "invalid job id")
-    assert_one_line_error(relaunch(stack, "slurm", "drain", "n1", "--reason", "a`id`"), "invalid reason")
+    assert_one_line_error(
+        relaunch(stack, "slurm", "drain", "n1", "--reason", "a`id`"), "invalid reason"
+    )
 
 
 def test_controller_down_is_retryable_with_a_hint(stack: Stack, tmp_path: Path) -> None:
     dead = tmp_path / "slurm.conf"
     text = stack.slurm.conf.read_text()
     port = procs.free_port()
-    dead.write_text(text.replace(f"SlurmctldPort={stack.config.slurmctld_port}", f"SlurmctldPort={port}"))
+    dead.write_text(
+        text.replace(f"SlurmctldPort={stack.config.slurmctld_port}", f"SlurmctldPort={port}")
+    )
     result = relaunch(stack, "slurm", "jobs", conf=dead)
     assert_one_line_error(result, "controller does not answer", "hint:")
     assert result.returncode == 75  # EX_TEMPFAIL: try again later
@@ -63,6 +69,12 @@ def test_controller_down_is_retryable_with_a_hint(stack: Stack, tmp_path: Path) 
 
 def test_no_slurm_configuration(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    result = subprocess.run([*RELAUNCH, "slurm", "nodes"], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*RELAUNCH, "slurm", "nodes"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_one_line_error(result, "no Slurm configuration", "SLURM_CONF")

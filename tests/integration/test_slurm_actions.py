@@ -15,8 +15,14 @@ async def test_drain_requeue_exclude_runs_on_other_nodes(
     scheduler: SlurmCli, slurm_env: dict[str, str], workdir: Path
 ) -> None:
     job_id = sbatch(
-        slurm_env, "-N", "2", "-J", "train", f"--output={workdir}/train-%j.out",
-        "--comment=relaunch=on,max_restarts=2", script=TRAIN_SCRIPT,
+        slurm_env,
+        "-N",
+        "2",
+        "-J",
+        "train",
+        f"--output={workdir}/train-%j.out",
+        "--comment=relaunch=on,max_restarts=2",
+        script=TRAIN_SCRIPT,
     )
     try:
         job = await wait_job(scheduler, job_id, JobState.RUNNING)
@@ -74,8 +80,14 @@ async def test_resubmit_keeps_lineage_and_avoids_nodes(
     scheduler: SlurmCli, slurm_env: dict[str, str], workdir: Path
 ) -> None:
     job_id = sbatch(
-        slurm_env, "-N", "2", "-J", "resub", f"--output={workdir}/resub-%j.out",
-        "--comment=relaunch=on", script=TRAIN_SCRIPT,
+        slurm_env,
+        "-N",
+        "2",
+        "-J",
+        "resub",
+        f"--output={workdir}/resub-%j.out",
+        "--comment=relaunch=on",
+        script=TRAIN_SCRIPT,
     )
     child_id = None
     try:
@@ -92,7 +104,10 @@ async def test_resubmit_keeps_lineage_and_avoids_nodes(
         # Asking again finds the child instead of submitting a third job.
         again = await scheduler.resubmit_job(job_id, exclude=[avoid])
         assert not again.changed and again.new_job_id == child_id
-        assert sum(j.comment_fields.get(LINEAGE_KEY) == job_id for j in await scheduler.list_jobs()) == 1
+        assert (
+            sum(j.comment_fields.get(LINEAGE_KEY) == job_id for j in await scheduler.list_jobs())
+            == 1
+        )
     finally:
         await scheduler.cancel_job(job_id)
         if child_id:
@@ -102,7 +117,9 @@ async def test_resubmit_keeps_lineage_and_avoids_nodes(
 async def test_hold_release_cancel_are_idempotent(
     scheduler: SlurmCli, slurm_env: dict[str, str], workdir: Path
 ) -> None:
-    job_id = sbatch(slurm_env, "--hold", "-N", "1", f"--output={workdir}/h-%j.out", "--wrap=sleep 60")
+    job_id = sbatch(
+        slurm_env, "--hold", "-N", "1", f"--output={workdir}/h-%j.out", "--wrap=sleep 60"
+    )
     job = await scheduler.get_job(job_id)
     assert job.held
     assert not (await scheduler.hold_job(job_id)).changed

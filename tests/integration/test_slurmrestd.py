@@ -28,8 +28,14 @@ def _rest_clients(stack: Stack) -> dict[str, SlurmRest]:
 async def test_rest_reads_match_cli(
     stack: Stack, scheduler: SlurmCli, slurm_env: dict[str, str], workdir: Path
 ) -> None:
-    running = sbatch(slurm_env, "-N", "2", f"--output={workdir}/r-%j.out", "--comment=relaunch=on",
-                     "--wrap=srun sleep 120")
+    running = sbatch(
+        slurm_env,
+        "-N",
+        "2",
+        f"--output={workdir}/r-%j.out",
+        "--comment=relaunch=on",
+        "--wrap=srun sleep 120",
+    )
     held = sbatch(slurm_env, "--hold", f"--output={workdir}/h-%j.out", "--wrap=sleep 1")
     try:
         await wait_job(scheduler, running, JobState.RUNNING)

@@ -21,13 +21,20 @@ RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
 
 
 def test_shell_tools_see_the_stack(stack: Stack, slurm_env: dict[str, str]) -> None:
-    sinfo = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %t"], env=slurm_env,
-                           capture_output=True, text=True, check=True)
+    sinfo = subprocess.run(
+        ["sinfo", "-N", "-h", "-o", "%N %t"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     states = dict(line.split() for line in sinfo.stdout.splitlines())
     assert states == {f"n{i}": "idle" for i in range(1, 5)}
     listed = subprocess.run(
         [str(temporal_binary()), "workflow", "list", "--address", stack.temporal_address],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert listed.returncode == 0, listed.stderr
     with psycopg.connect(stack.database_url) as conn:
@@ -69,15 +76,23 @@ def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     state.mkdir()
     config = StackConfig.with_free_ports(cluster="downtest", nodes=2)
     (state / "stack.json").write_text(config.model_dump_json())
-    up = subprocess.run([*RELAUNCH, "dev", "up", "--state-dir", str(state)],
-                        capture_output=True, text=True, timeout=180)
+    up = subprocess.run(
+        [*RELAUNCH, "dev", "up", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert up.returncode == 0, up.stderr
     conf = state.resolve() / "slurm" / "slurm.conf"
     assert f"export SLURM_CONF={conf}" in up.stdout.splitlines()
     assert f"export TEMPORAL_ADDRESS=127.0.0.1:{config.temporal_port}" in up.stdout.splitlines()
 
-    status = subprocess.run([*RELAUNCH, "dev", "status", "--state-dir", str(state)],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [*RELAUNCH, "dev", "status", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 0 and "DOWN" not in status.stdout, status.stdout
     assert "slurmd n2" in status.stdout and f"127.0.0.1:{config.temporal_port}" in status.stdout
 
@@ -86,9 +101,17 @@ def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir(mode=0o777)
     subprocess.run(
-        ["sbatch", "-N", "2", f"--output={tmp_path}/job.out",
-         f"--wrap=srun bash -c 'echo $$ > {pids}/$SLURMD_NODENAME; exec sleep 600'"],
-        env=env, check=True, capture_output=True, timeout=30,
+        [
+            "sbatch",
+            "-N",
+            "2",
+            f"--output={tmp_path}/job.out",
+            f"--wrap=srun bash -c 'echo $$ > {pids}/$SLURMD_NODENAME; exec sleep 600'",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=30,
     )
     deadline = time.monotonic() + 60
     while len(list(pids.iterdir())) < 2:
@@ -97,11 +120,19 @@ def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     job_pids = [int(p.read_text()) for p in pids.iterdir()]
     assert all(psutil.pid_exists(p) for p in job_pids)
 
-    down = subprocess.run([*RELAUNCH, "dev", "down", "--state-dir", str(state)],
-                          capture_output=True, text=True, timeout=120)
+    down = subprocess.run(
+        [*RELAUNCH, "dev", "down", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert down.returncode == 0, down.stderr
     assert not [p for p in job_pids if psutil.pid_exists(p)]
     assert _stack_pids(state.resolve(), conf) == []
-    after = subprocess.run([*RELAUNCH, "dev", "status", "--state-dir", str(state)],
-                           capture_output=True, text=True, timeout=60)
+    after = subprocess.run(
+        [*RELAUNCH, "dev", "status", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert after.returncode == 1 and "DOWN" in after.stdout

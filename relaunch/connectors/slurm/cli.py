@@ -212,9 +212,7 @@ class SlurmCli:
         action = "requeue_hold" if hold else "requeue"
         before = await self.get_job(job_id)
         if expected_restart_count is not None and before.restart_count > expected_restart_count:
-            return self._job_result(
-                action, before, before, changed=False, note="already requeued"
-            )
+            return self._job_result(action, before, before, changed=False, note="already requeued")
         if before.state is JobState.PENDING:
             return self._job_result(action, before, before, changed=False, note="already pending")
         if not before.requeue_allowed and before.state.is_active:
@@ -225,8 +223,10 @@ class SlurmCli:
         await self._checked(["scontrol", "requeuehold" if hold else "requeue", job_id])
         after = await self._until(
             lambda: self.get_job(job_id),
-            lambda j: j.restart_count > before.restart_count
-            and j.state in {JobState.PENDING, JobState.REQUEUED},
+            lambda j: (
+                j.restart_count > before.restart_count
+                and j.state in {JobState.PENDING, JobState.REQUEUED}
+            ),
             f"requeue {job_id}",
         )
         return self._job_result(action, before, after, changed=True)
@@ -241,9 +241,7 @@ class SlurmCli:
                 f"job {job_id} is {before.state.value}; only a pending job can be held"
             )
         await self._checked(["scontrol", "hold", job_id])
-        after = await self._until(
-            lambda: self.get_job(job_id), lambda j: j.held, f"hold {job_id}"
-        )
+        after = await self._until(lambda: self.get_job(job_id), lambda j: j.held, f"hold {job_id}")
         return self._job_result("hold", before, after, changed=True)
 
     async def release_job(self, job_id: str) -> ActionResult:
@@ -380,4 +378,6 @@ def resubmit_argv(job: Job, exclude: Sequence[str]) -> list[str]:
 
 def _job_state_text(job: Job) -> str:
     nodes = ",".join(job.nodes) or "-"
-    return f"{job.state.value} nodes={nodes} restarts={job.restart_count} reason={job.reason or '-'}"
+    return (
+        f"{job.state.value} nodes={nodes} restarts={job.restart_count} reason={job.reason or '-'}"
+    )

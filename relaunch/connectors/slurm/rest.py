@@ -89,7 +89,10 @@ class SlurmRest:
 
     def _headers(self) -> dict[str, str]:
         if self._minter is not None:
-            return {"X-SLURM-USER-NAME": self._minter.user, "X-SLURM-USER-TOKEN": self._minter.token()}
+            return {
+                "X-SLURM-USER-NAME": self._minter.user,
+                "X-SLURM-USER-TOKEN": self._minter.token(),
+            }
         if self._token is not None:
             return {"X-SLURM-USER-NAME": self._user or "", "X-SLURM-USER-TOKEN": self._token}
         return {}

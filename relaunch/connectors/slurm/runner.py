@@ -105,4 +105,6 @@ def raise_for_controller(result: CommandResult) -> None:
 def failure(result: CommandResult) -> SchedulerError:
     """A SchedulerError describing a failed command, without its full output."""
     tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]
-    return SchedulerError(f"{' '.join(result.argv[:3])} failed (exit {result.returncode}): {tail[0]}")
+    return SchedulerError(
+        f"{' '.join(result.argv[:3])} failed (exit {result.returncode}): {tail[0]}"
+    )

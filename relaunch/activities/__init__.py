@@ -1,0 +1,1 @@
+"""Thin Temporal activities over connectors and detection (the recovery-loop milestone)."""

@@ -1,0 +1,1 @@
+"""The web console (a later milestone)."""

@@ -1,0 +1,1 @@
+"""Sandbox-safe orchestration: the RecoveryWorkflow (the recovery-loop milestone)."""
