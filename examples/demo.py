@@ -1,42 +1,49 @@
-"""`make demo`: bring the local stack up, run a real 2-node job on the local Slurm, drain one of
-its nodes, requeue the job excluding that node, and show it running again on healthy nodes.
+"""`make demo`: the recovery story on the local stack, end to end and for real.
 
-The stack is left running for you to explore; the last lines say how to stop it.
+1. bring the stack up: Temporal, PostgreSQL, a 4-node Slurm, the Relaunch worker and watcher;
+2. submit the PyTorch DDP example (2 nodes, gloo) and let it write a checkpoint;
+3. kill one of its nodes (slurmd and the job's processes there) and write the Xid 79 line a dying
+   GPU prints into that node's kernel-log source;
+4. Relaunch detects it, attributes it, and — in monitor mode — recommends a plan and waits;
+5. approve from the CLI; Relaunch drains the node, requeues the job without it, and verifies the
+   job runs on healthy nodes and resumes from its checkpoint;
+6. print the incident's timeline; leave the stack running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
 from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.devstack import faults
 from relaunch.devstack.stack import Stack
 from relaunch.models.errors import RelaunchError
+from relaunch.models.recovery import TERMINAL_STAGES, RecoveryStatus, Stage, recovery_workflow_id
 from relaunch.models.scheduler import Job, JobState
+from relaunch.workflows.recovery import RecoveryWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".relaunch"
-JOB_SCRIPT = ROOT / "examples" / "jobs" / "steps.sbatch"
-DEMO_REASON = "relaunch demo"
+JOB_SCRIPT = ROOT / "examples" / "jobs" / "train_ddp.sbatch"
+RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
+STEP_LINE = r"step=\d+ loss"
 
 
-class Timeline:
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self.rows: list[tuple[float, str]] = []
-
-    def mark(self, text: str) -> None:
-        elapsed = time.monotonic() - self.start
-        self.rows.append((elapsed, text))
-        print(f"[{datetime.now():%H:%M:%S}] +{elapsed:6.1f}s  {text}", flush=True)
+def say(text: str) -> None:
+    print(f"[{datetime.now():%H:%M:%S}] {text}", flush=True)
 
 
-async def wait_state(sched: SlurmCli, job_id: str, state: JobState, timeout: float) -> Job:
+async def wait_job(sched: SlurmCli, job_id: str, state: JobState, timeout: float) -> Job:
     deadline = time.monotonic() + timeout
     while True:
         job = await sched.get_job(job_id)
@@ -46,110 +53,167 @@ async def wait_state(sched: SlurmCli, job_id: str, state: JobState, timeout: flo
             raise RelaunchError(
                 f"job {job_id} is {job.state.value} ({job.reason}), not {state.value}"
             )
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.3)
 
 
-async def wait_for_line(path: Path, needle: str, timeout: float = 30) -> str:
+async def wait_log(path: Path, pattern: str, timeout: float = 120) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.exists():
-            for line in reversed(path.read_text().splitlines()):
-                if needle in line:
-                    return line
-        await asyncio.sleep(0.2)
-    return "(no output yet)"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        found = re.findall(rf"^.*{pattern}.*$", text, flags=re.M)
+        if found:
+            return found[-1]
+        await asyncio.sleep(0.3)
+    raise RelaunchError(f"no line matching {pattern!r} in {path}")
 
 
-async def story(stack: Stack, tl: Timeline) -> None:
-    sched = stack.scheduler()
-    logs = STATE / "demo"
-    logs.mkdir(parents=True, exist_ok=True)
-    for old in await sched.list_jobs():  # a previous demo's job still holds two nodes
-        if old.name == "steps" and old.state.is_active:
-            await sched.cancel_job(old.job_id)
-            tl.mark(f"cancelled job {old.job_id}, left running by an earlier demo")
-    for node in await sched.list_nodes():  # a previous demo's drain
-        if node.reason.startswith(DEMO_REASON):
+async def wait_stage(
+    client: Client, incident: str, stages: set[Stage], timeout: float
+) -> RecoveryStatus:
+    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = await handle.query(RecoveryWorkflow.status)
+        except Exception:  # not started yet
+            await asyncio.sleep(0.3)
+            continue
+        if status.stage in stages or status.stage in TERMINAL_STAGES:
+            return status
+        await asyncio.sleep(0.3)
+    raise RelaunchError(f"incident {incident} did not reach {sorted(stages)} in {timeout:.0f}s")
+
+
+async def tidy(stack: Stack, sched: SlurmCli) -> None:
+    """Undo an earlier demo: its job, and the nodes Relaunch drained for it."""
+    for job in await sched.list_jobs():
+        if job.name == "train-ddp" and job.state.is_active:
+            await sched.cancel_job(job.job_id)
+            say(f"cancelled job {job.job_id}, left running by an earlier demo")
+    for node in await sched.list_nodes():
+        if node.reason.startswith("relaunch incident"):
             await sched.resume_node(node.name)
-            tl.mark(f"resumed {node.name}, drained by an earlier demo")
+            say(f"resumed {node.name}, drained by an earlier demo")
 
-    submitted = subprocess.run(
+
+async def story(stack: Stack) -> None:
+    sched = stack.scheduler()
+    cluster = stack.cluster_config()
+    client = await Client.connect(stack.temporal_address, data_converter=pydantic_data_converter)
+    await tidy(stack, sched)
+    work = STATE / "demo"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        **stack.slurm_env,
+        "RELAUNCH_PYTHON": sys.executable,
+        "RELAUNCH_EXAMPLES": str(ROOT / "examples"),
+        "CKPT_DIR": str(work / "checkpoints"),
+    }
+    out = subprocess.run(
         [
             "sbatch",
             "--parsable",
-            f"--output={logs}/steps-%j.out",
+            f"--output={work}/train-%j.out",
             "--comment=relaunch=on",
+            f"--chdir={work}",
             str(JOB_SCRIPT),
+            "--step-sleep",
+            "0.2",
+            "--ckpt-every",
+            "10",
         ],
-        env={**os.environ, **stack.slurm_env},
+        env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    job_id = submitted.stdout.strip().split(";")[0]
-    tl.mark(f"submitted job {job_id} (2 nodes, --requeue) from {JOB_SCRIPT.relative_to(ROOT)}")
-    job = await wait_state(sched, job_id, JobState.RUNNING, 60)
-    tl.mark(f"job {job_id} RUNNING on {', '.join(job.nodes)}")
-    log = Path(job.stdout_path)
+    job_id = out.stdout.strip().split(";")[0]
+    log = work / f"train-{job_id}.out"
+    say(f"submitted the DDP example as job {job_id} (2 nodes, gloo, checkpoint every 10 steps)")
+    job = await wait_job(sched, job_id, JobState.RUNNING, 60)
+    say(f"job {job_id} RUNNING on {', '.join(job.nodes)}; log {log}")
+    print(f"    {await wait_log(log, r'checkpoint saved step=')}")
+
     culprit = job.nodes[-1]
-    print(f"    log: {await wait_for_line(log, f'on {culprit}')}")
-
-    drained = await sched.drain_node(culprit, f"{DEMO_REASON}: simulated GPU fault job {job_id}")
-    tl.mark(f"drained {culprit}: {drained.before} -> {drained.after}")
-
-    requeued = await sched.requeue_job(job_id, expected_restart_count=job.restart_count)
-    tl.mark(f"requeued job {job_id}: {requeued.after}")
-    excluded = await sched.exclude_nodes(job_id, [culprit])
-    pending = await sched.get_job(job_id)
-    eligible = f"{pending.eligible_time:%H:%M:%S}" if pending.eligible_time else "now"
-    tl.mark(
-        f"excluded {culprit} ({'done' if excluded.changed else excluded.note}); "
-        f"eligible at {eligible} (cred_expire={stack.config.cred_expire}s)"
+    kernel_log = Path(cluster.node_log_pattern.format(node=culprit))  # type: ignore[union-attr]
+    killed = faults.kill_node(stack.slurm, culprit, job_id=job_id, kernel_log=kernel_log)
+    fault_at = time.monotonic()
+    say(
+        f"FAULT: killed {culprit}'s slurmd and the job's processes there ({killed} processes); "
+        f"wrote an Xid 79 line to {kernel_log}"
     )
 
-    t0 = time.monotonic()
-    restarted = await wait_state(sched, job_id, JobState.RUNNING, 180)
-    tl.mark(
-        f"job {job_id} RUNNING again on {', '.join(restarted.nodes)} "
-        f"({time.monotonic() - t0:.1f}s after the requeue)"
+    incident = recovery_workflow_id(cluster.name, job_id, job.restart_count)
+    status = await wait_stage(client, incident, {Stage.AWAITING_APPROVAL}, 120)
+    say(
+        f"Relaunch recommends ({time.monotonic() - fault_at:.1f}s after the fault): "
+        f"incident {incident}"
     )
-    if culprit in restarted.nodes:
-        raise RelaunchError(f"job {job_id} restarted on the drained node {culprit}")
-    print(f"    log: {await wait_for_line(log, f'(restart {restarted.restart_count})')}")
+    if status.verdict:
+        print(
+            f"    verdict: {status.verdict.category.value} on "
+            f"{', '.join(status.verdict.culprit_nodes) or '-'} "
+            f"(confidence {status.verdict.confidence:.2f}) — {status.verdict.summary}"
+        )
+    if status.plan:
+        print(
+            f"    plan: {status.plan.action.value}, "
+            f"drain {','.join(status.plan.drain_nodes) or '-'}, "
+            f"restart by {status.plan.restart_method.value}; mode {status.plan.mode.value}"
+        )
+    if status.stage is not Stage.AWAITING_APPROVAL:
+        raise RelaunchError(f"incident ended as {status.stage.value}: {status.outcome}")
 
-    node = await sched.get_node(culprit)
+    cmd = [
+        *RELAUNCH,
+        "approve",
+        incident,
+        "--by",
+        "demo-operator",
+        "--reason",
+        "demo",
+        "--config",
+        str(stack.cluster_config_path),
+    ]
+    say("approving from the CLI: relaunch approve " + incident + " --by demo-operator")
+    subprocess.run(cmd, check=True)
+    final = await wait_stage(client, incident, {Stage.DONE}, 240)
+    if final.stage is not Stage.DONE:
+        raise RelaunchError(f"incident ended as {final.stage.value}: {final.outcome}")
+    say(f"recovered: {final.outcome}")
+    print(f"    {await wait_log(log, r'resumed from checkpoint step=')}")
+    print(f"    {await wait_log(log, STEP_LINE)}")
+
     print()
-    print("Summary")
-    print(
-        f"  job {job_id}: {restarted.state.value} on {', '.join(restarted.nodes)}, "
-        f"restarts={restarted.restart_count}, excluded={','.join(restarted.excluded_nodes)}"
+    subprocess.run(
+        [*RELAUNCH, "show", incident, "--config", str(stack.cluster_config_path)], check=True
     )
-    print(f"  node {culprit}: {node.display_state}, reason {node.reason!r} (by {node.reason_user})")
-    print(f"  job log: {log}")
-    for elapsed, text in tl.rows:
-        print(f"    +{elapsed:6.1f}s  {text}")
+    node = await sched.get_node(culprit)
+    print(f"\nnode {culprit}: {node.display_state}, reason {node.reason!r}")
 
 
 def main() -> int:
     stack = Stack(STATE)
-    tl = Timeline()
     try:
-        print(
-            "Bringing up the local stack (Temporal, PostgreSQL, munge, 4-node Slurm)…", flush=True
-        )
-        status = stack.up(progress=lambda msg: print(f"  … {msg}", flush=True))
-        tl.mark("stack up: " + ", ".join(p.name for p in status.parts if p.healthy))
-        asyncio.run(story(stack, tl))
-    except RelaunchError as exc:
+        say("bringing up the local stack (Temporal, PostgreSQL, 4-node Slurm, worker, watcher)")
+        stack.up(progress=lambda msg: print(f"    … {msg}", flush=True))
+        asyncio.run(story(stack))
+    except (RelaunchError, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print()
-    print("The stack is still running. To explore it from your shell:")
+    print("The stack is still running. Explore it:")
     print(f"  export SLURM_CONF={stack.slurm.conf}")
     print(f"  export TEMPORAL_ADDRESS={stack.temporal_address}")
-    print("  sinfo -R; squeue")
+    print(f"  export PATH={Path(sys.executable).parent}:$PATH")
+    print("  sinfo -R; squeue; relaunch incidents; temporal workflow list")
     print(f"  Temporal UI: {stack.temporal_ui}")
-    print("To stop it: .venv/bin/relaunch dev down   (or: make down)")
+    print(
+        "  (the failed node's slurmd stays dead: `relaunch dev up` restarts it, "
+        "`relaunch slurm resume <node>` returns it to service)"
+    )
+    print("Stop everything: .venv/bin/relaunch dev down   (or: make down)")
     return 0
 
 

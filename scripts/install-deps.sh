@@ -28,6 +28,6 @@ fi
 stamp=.venv/.relaunch-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   echo "installing Python packages into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,examples]'
   touch "$stamp"
 fi

@@ -25,7 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 def stack() -> Iterator[Stack]:
     """A real local stack for the whole session: 4 Slurm nodes, short cred_expire."""
     root = Path(tempfile.mkdtemp(prefix="relaunch-test-"))
-    instance = Stack(root / "state", StackConfig.with_free_ports(cluster="test", cred_expire=10))
+    instance = Stack(
+        root / "state", StackConfig.with_free_ports(cluster="test", cred_expire=10, services=False)
+    )
     try:
         instance.up()
         yield instance

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.devstack import procs, services
@@ -30,10 +31,12 @@ from relaunch.devstack.slurm import (
     start_restd,
     write_conf,
 )
+from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.scheduler import NodeState
 
 DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
+SERVICES = ("worker", "watch")
 
 
 class StackConfig(BaseModel):
@@ -50,6 +53,7 @@ class StackConfig(BaseModel):
     slurmd_base_port: int = 16901
     restd_port: int = 16820
     database_url: str | None = None
+    services: bool = Field(default=True, description="also run the relaunch worker and watcher")
 
     @classmethod
     def with_free_ports(cls, **overrides: object) -> StackConfig:
@@ -190,7 +194,62 @@ class Stack:
             hint=f"see {self.slurm.root / 'log'}",
         )
         self._wait_database()
+        self.write_cluster_config()
+        if self.config.services:
+            self._start_services(progress)
         return self.status()
+
+    # ------------------------------------------------------------------ relaunch services
+
+    @property
+    def cluster_config_path(self) -> Path:
+        return self.state_dir / "clusters" / f"{self.config.cluster}.json"
+
+    def node_log(self, node: str) -> Path:
+        """The node's kernel-log source (the dev cluster's stand-in for /var/log/kern.log)."""
+        return self.state_dir / "nodes" / node / "kern.log"
+
+    def cluster_config(self) -> ClusterConfig:
+        return ClusterConfig(
+            name=self.config.cluster,
+            slurm_conf=str(self.slurm.conf),
+            temporal_address=self.temporal_address,
+            temporal_ui=self.temporal_ui,
+            database_url=self.database_url,
+            bundle_dir=str(self.state_dir / "bundles"),
+            node_log_pattern=str(self.state_dir / "nodes" / "{node}" / "kern.log"),
+        )
+
+    def write_cluster_config(self) -> None:
+        if self.cluster_config_path.exists():
+            return
+        self.cluster_config_path.parent.mkdir(parents=True, exist_ok=True)
+        for node in self.slurm.nodes:
+            self.node_log(node).parent.mkdir(parents=True, exist_ok=True)
+            self.node_log(node).touch()
+        self.cluster_config_path.write_text(self.cluster_config().model_dump_json(indent=2))
+
+    def _service_pid(self, name: str) -> int | None:
+        pid = procs.read_pid(self.state_dir / "run" / f"{name}.pid")
+        return pid if procs.pid_alive(pid) else None
+
+    def _start_services(self, progress: Callable[[str], None]) -> None:
+        for name in SERVICES:
+            if self._service_pid(name) is None:
+                progress(f"starting relaunch {name}")
+                pid = procs.spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "relaunch.workers.cli",
+                        name,
+                        "--config",
+                        str(self.cluster_config_path),
+                    ],
+                    log=self.state_dir / "log" / f"{name}.log",
+                )
+                (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
+                (self.state_dir / "run" / f"{name}.pid").write_text(str(pid))
 
     def _nodes_ready(self) -> bool:
         try:
@@ -323,4 +382,15 @@ class Stack:
                 healthy=restd_jwt_healthy(self.slurm),
             )
         )
+        for name in SERVICES if self.config.services else ():
+            pid = self._service_pid(name)
+            parts.append(
+                Part(
+                    name=f"relaunch {name}",
+                    address=f"cluster {self.config.cluster}",
+                    pid=pid,
+                    healthy=pid is not None,
+                    detail=f"log {self.state_dir / 'log' / f'{name}.log'}",
+                )
+            )
         return StackStatus(state_dir=str(self.state_dir), parts=parts)

@@ -230,6 +230,8 @@ class Node(BaseModel):
     partitions: list[str] = Field(default_factory=list)
     cpus: int = 0
     alloc_cpus: int = 0
+    address: str = ""
+    port: int = 0
 
     @property
     def drain_flag(self) -> bool:

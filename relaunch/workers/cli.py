@@ -297,6 +297,11 @@ def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
     _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
 
 
+from relaunch.workers import cli_recovery  # noqa: E402
+
+cli_recovery.register(cli)
+
+
 def main() -> None:
     try:
         cli(standalone_mode=True)

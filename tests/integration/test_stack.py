@@ -74,7 +74,7 @@ def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     state = tmp_path / "state"
     # Fix the ports through stack.json, as a first `up` would have.
     state.mkdir()
-    config = StackConfig.with_free_ports(cluster="downtest", nodes=2)
+    config = StackConfig.with_free_ports(cluster="downtest", nodes=2, services=False)
     (state / "stack.json").write_text(config.model_dump_json())
     up = subprocess.run(
         [*RELAUNCH, "dev", "up", "--state-dir", str(state)],

@@ -7,6 +7,7 @@ retried call is harmless), act, then verify with a fresh read and report before/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from relaunch.models.errors import (
     SchedulerError,
     VerificationError,
 )
-from relaunch.models.scheduler import ActionResult, Job, JobState, Node
+from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeState
 
 LINEAGE_KEY = "relaunch_parent"
 T = TypeVar("T")
@@ -165,6 +166,50 @@ class SlurmCli:
             after=after.display_state,
         )
 
+    async def fence_node(self, name: str, reason: str) -> ActionResult:
+        """Mark a node whose slurmd no longer answers DOWN, so that Slurm stops waiting for it
+        (jobs stuck COMPLETING on it are released) instead of waiting for SlurmdTimeout."""
+        name, reason = names.node_name(name), names.reason(reason)
+        before = await self.get_node(name)
+        if before.state is NodeState.DOWN:
+            return ActionResult(
+                action="fence",
+                target=name,
+                changed=False,
+                note="already down",
+                before=before.display_state,
+                after=before.display_state,
+            )
+        await self._checked(
+            ["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}"]
+        )
+        after = await self._until(
+            lambda: self.get_node(name), lambda n: n.state is NodeState.DOWN, f"fence {name}"
+        )
+        return ActionResult(
+            action="fence",
+            target=name,
+            changed=True,
+            before=before.display_state,
+            after=after.display_state,
+        )
+
+    async def probe_node(self, node: Node, timeout: float = 1.0) -> bool:
+        """Whether the node's slurmd accepts a TCP connection: the earliest sign of a dead node,
+        well before slurmctld's SlurmdTimeout."""
+        if not node.address or not node.port:
+            return True
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(node.address, node.port), timeout
+            )
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
     async def resume_node(self, name: str) -> ActionResult:
         name = names.node_name(name)
         before = await self.get_node(name)
@@ -223,10 +268,8 @@ class SlurmCli:
         await self._checked(["scontrol", "requeuehold" if hold else "requeue", job_id])
         after = await self._until(
             lambda: self.get_job(job_id),
-            lambda j: (
-                j.restart_count > before.restart_count
-                and j.state in {JobState.PENDING, JobState.REQUEUED}
-            ),
+            # A requeued job may already be running again by the time we look.
+            lambda j: j.restart_count > before.restart_count,
             f"requeue {job_id}",
         )
         return self._job_result(action, before, after, changed=True)

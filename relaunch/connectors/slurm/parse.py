@@ -202,6 +202,8 @@ def node_from_json(raw: dict[str, Any]) -> Node:
         partitions=[str(p) for p in raw.get("partitions") or []],
         cpus=_number(raw.get("cpus")) or 0,
         alloc_cpus=_number(raw.get("alloc_cpus")) or 0,
+        address=_text(raw.get("address")),
+        port=_number(raw.get("port")) or 0,
     )
 
 

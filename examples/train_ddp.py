@@ -1,0 +1,174 @@
+"""A small, real PyTorch DDP training job (gloo, CPU) for Relaunch's tests and demo.
+
+Launched by `srun` (see jobs/train_ddp.sbatch): one process per task, rank = $SLURM_PROCID,
+world = $SLURM_NTASKS. It trains an MLP on synthetic deterministic data, checkpoints atomically
+from rank 0 and resumes from the latest checkpoint on every start, so a requeued job continues
+where it stopped. The printed lines are a contract other code parses (see README.md):
+
+    step=<N> loss=<x.xxxx> rank=<r> node=<node>
+    checkpoint saved step=<N> path=<path>
+    resumed from checkpoint step=<N>        (or: starting from scratch)
+    training finished step=<N>
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+# The CPU wheel runs without NumPy; keep its import-time warning out of every rank's log.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+CKPT_NAME = "ckpt-latest.pt"
+IN_FEATURES, HIDDEN, BATCH = 32, 64, 64
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--steps", type=int, default=1_000_000, help="last step (default: ~forever)")
+    p.add_argument("--step-sleep", type=float, default=0.2, help="seconds to sleep per step")
+    p.add_argument("--ckpt-dir", type=Path, required=True, help="shared checkpoint directory")
+    p.add_argument("--ckpt-every", type=int, default=10, help="rank 0 checkpoints every N steps")
+    p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout (s)")
+    p.add_argument("--fail-at-step", type=int, default=None, help="inject an error at step N")
+    p.add_argument("--fail-rank", type=int, default=None, help="rank that raises the error")
+    args = p.parse_args()
+    if args.ckpt_every < 1:
+        p.error("--ckpt-every must be at least 1")
+    return args
+
+
+def master_port() -> int:
+    """$MASTER_PORT, else one derived from the job id and restart count, so that a requeued
+    attempt never tries to bind the port the previous attempt may still hold."""
+    if port := os.environ.get("MASTER_PORT"):
+        return int(port)
+    job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    return 20000 + (job_id * 7 + restart) % 20000
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)  # identical initial weights on every rank
+    return nn.Sequential(
+        nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+        nn.Linear(HIDDEN, 1),
+    )  # fmt: skip
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic data, a pure function of (step, rank): a resumed run sees the same batches."""
+    gen = torch.Generator().manual_seed(step * 1_000_003 + rank)
+    x = torch.randn(BATCH, IN_FEATURES, generator=gen)
+    teacher = torch.linspace(-1.0, 1.0, IN_FEATURES)
+    y = torch.sin(x @ teacher).unsqueeze(1)
+    return x, y
+
+
+def save_checkpoint(ckpt_dir: Path, state: dict[str, Any]) -> Path:
+    """Write to a temp file in the same directory, fsync, then atomically rename over
+    ckpt-latest.pt: a reader sees the old checkpoint or the new one, never a torn file."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    final = ckpt_dir / CKPT_NAME
+    fd, tmp = tempfile.mkstemp(dir=ckpt_dir, prefix=".ckpt-", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; a checkpoint is as readable as any output
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(ckpt_dir, os.O_RDONLY)  # make the rename itself durable
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return final
+
+
+def load_checkpoint(ckpt_dir: Path) -> dict[str, Any] | None:
+    path = ckpt_dir / CKPT_NAME
+    if not path.exists():
+        return None
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return state
+
+
+def agreed_step(step: int) -> int:
+    """Every rank loaded the checkpoint itself; fail fast unless they all saw the same step."""
+    steps = torch.tensor([step, -step], dtype=torch.int64)
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    lo, hi = -int(steps[1]), int(steps[0])
+    if lo != hi:
+        raise RuntimeError(f"ranks disagree on the checkpoint step: min={lo} max={hi}")
+    return step
+
+
+def main() -> int:
+    args = parse_args()
+    rank = int(os.environ["SLURM_PROCID"])
+    world = int(os.environ["SLURM_NTASKS"])
+    node = os.environ.get("SLURMD_NODENAME", os.uname().nodename)
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    dist.init_process_group(
+        backend="gloo",
+        init_method=f"tcp://{addr}:{master_port()}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=args.pg_timeout),
+    )
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    last_done = 0
+    if (ckpt := load_checkpoint(args.ckpt_dir)) is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        last_done = int(ckpt["step"])
+    last_done = agreed_step(last_done)
+    if ckpt is not None:
+        print(f"resumed from checkpoint step={last_done}", flush=True)
+    else:
+        print("starting from scratch", flush=True)
+
+    ddp = DistributedDataParallel(model)
+    loss_fn = nn.MSELoss()
+    step = last_done
+    for step in range(last_done + 1, args.steps + 1):
+        if step == args.fail_at_step and rank == args.fail_rank:
+            raise RuntimeError(f"injected application error at step {step}")
+        x, y = batch(step, rank)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(x), y)
+        loss.backward()  # DDP all-reduces the gradients across ranks here
+        optimizer.step()
+        print(f"step={step} loss={loss.item():.4f} rank={rank} node={node}", flush=True)
+        if rank == 0 and step % args.ckpt_every == 0:
+            state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            path = save_checkpoint(args.ckpt_dir, state)
+            print(f"checkpoint saved step={step} path={path}", flush=True)
+        time.sleep(args.step_sleep)
+
+    dist.barrier()  # no rank tears down the group while a peer still needs it
+    print(f"training finished step={step}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,274 @@
+"""Activities that observe and decide: record detections, gather evidence, attribute, plan.
+
+Decisions are made here, not in the workflow, so that they are recorded in history and rule
+changes need no workflow versioning."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pydantic import BaseModel
+from temporalio import activity
+
+from relaunch.activities.deps import Deps, typed_errors
+from relaunch.connectors.bundles import read_bundle, write_bundle
+from relaunch.connectors.slurm.cli import LINEAGE_KEY
+from relaunch.detection.attribution import attribute_bundle
+from relaunch.detection.planning import PlanHistory, make_plan
+from relaunch.detection.signatures import line_timestamp
+from relaunch.models.bundle import BundleJob
+from relaunch.models.recovery import (
+    ActionPlan,
+    AttributeInput,
+    Category,
+    Detection,
+    EvidenceSummary,
+    GatherInput,
+    JobSnapshot,
+    PlanInput,
+    Verdict,
+)
+
+LOG_TAIL_BYTES = 4 * 1024 * 1024
+NODE_LOG_TAIL_BYTES = 1024 * 1024
+_CHECKPOINT = re.compile(r"checkpoint saved step=(\d+)")
+
+
+class RecordDetectionInput(BaseModel):
+    incident_id: str
+    detection: Detection
+
+
+class RecordEventInput(BaseModel):
+    incident_id: str
+    kind: str
+    summary: str
+    stage: str | None = None
+    actor: str = "relaunch"
+    nodes: list[str] = []
+    data: dict[str, object] = {}
+    dedupe: str | None = None
+
+
+def _tail(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - limit))
+            data = fh.read()
+    except OSError:
+        return ""
+    text = data.decode(errors="replace")
+    return text if len(data) < limit else text.split("\n", 1)[-1]
+
+
+def _since(text: str, start: datetime | None) -> str:
+    """Kernel-log lines from this job attempt on: an Xid from before the job started on the
+    node is the node's history (its reputation), not this interruption's evidence."""
+    if start is None:
+        return text
+    kept = []
+    for line in text.splitlines(keepends=True):
+        stamp = line_timestamp(line)
+        if stamp is None or stamp >= start:
+            kept.append(line)
+    return "".join(kept)
+
+
+class EvidenceActivities:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    @activity.defn(name="record_detection")
+    @typed_errors
+    async def record_detection(self, inp: RecordDetectionInput) -> bool:
+        d = inp.detection
+        await self.deps.audit.ensure_incident(inp.incident_id, d.cluster, d.job_id, d.attempt)
+        latency = (d.detected_at - d.fault_time).total_seconds() if d.fault_time else None
+        return await self.deps.audit_row(
+            inp.incident_id,
+            "detection",
+            f"{d.source.value}: {d.kind}" + (f" — {d.text[:200]}" if d.text else ""),
+            dedupe=f"detection:{d.kind}:{','.join(d.nodes)}",
+            nodes=d.nodes,
+            data={
+                "source": d.source.value,
+                "kind": d.kind,
+                "signature": d.signature,
+                "fault_time": d.fault_time.isoformat() if d.fault_time else None,
+                "detected_at": d.detected_at.isoformat(),
+                "detection_latency_s": latency,
+                "text": d.text[:500],
+            },
+        )
+
+    @activity.defn(name="record_event")
+    @typed_errors
+    async def record_event(self, inp: RecordEventInput) -> bool:
+        return await self.deps.audit_row(
+            inp.incident_id,
+            inp.kind,
+            inp.summary,
+            dedupe=inp.dedupe,
+            nodes=inp.nodes,
+            stage=inp.stage,
+            actor=inp.actor,
+            data=inp.data,
+        )
+
+    @activity.defn(name="gather_evidence")
+    @typed_errors
+    async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
+        sched = self.deps.scheduler
+        job, nodes = await asyncio.gather(sched.get_job(inp.job_id), sched.list_nodes())
+        by_name = {n.name: n for n in nodes}
+        allocated = [by_name[n] for n in job.nodes if n in by_name]
+        alive = await asyncio.gather(*(sched.probe_node(n) for n in allocated))
+        unreachable = [n.name for n, ok in zip(allocated, alive, strict=True) if not ok]
+        logs = [_tail(Path(job.stdout_path), LOG_TAIL_BYTES)] if job.stdout_path else []
+        if job.stderr_path and job.stderr_path != job.stdout_path:
+            logs.append(_tail(Path(job.stderr_path), LOG_TAIL_BYTES))
+        job_log = "\n".join(logs)
+        node_logs: dict[str, str] = {}
+        pattern = self.deps.config.node_log_pattern
+        for node in job.nodes:
+            if pattern:
+                text = _since(
+                    _tail(Path(pattern.format(node=node)), NODE_LOG_TAIL_BYTES), job.start_time
+                )
+                if text:
+                    node_logs[node] = text
+        checkpoints = _CHECKPOINT.findall(job_log)
+        events = await self.deps.audit.events(inp.incident_id)
+        bundle_job = BundleJob(
+            cluster=inp.cluster,
+            job_id=job.job_id,
+            state=job.state.value,
+            exit_code=str(job.exit_code),
+            reason=job.reason,
+            nodes=job.nodes,
+            node_states={n.name: n.display_state for n in allocated},
+            observed_at=datetime.now(UTC),
+            unreachable_nodes=unreachable,
+            detections=[e.summary for e in events if e.kind == "detection"],
+        )
+        path = Path(self.deps.config.bundle_dir) / inp.incident_id
+        await asyncio.to_thread(write_bundle, path, bundle_job, job_log, node_logs)
+        summary = EvidenceSummary(
+            incident_id=inp.incident_id,
+            bundle_path=str(path),
+            job=JobSnapshot(
+                job_id=job.job_id,
+                name=job.name,
+                state=job.state.value,
+                partition=job.partition,
+                nodes=job.nodes,
+                restart_count=job.restart_count,
+                stdout_path=job.stdout_path,
+                last_checkpoint_step=int(checkpoints[-1]) if checkpoints else None,
+            ),
+            node_states=bundle_job.node_states,
+            unreachable_nodes=unreachable,
+        )
+        await self.deps.audit_row(
+            inp.incident_id,
+            "evidence",
+            f"job {job.job_id} {job.state.value} on {','.join(job.nodes) or '-'}; bundle {path}",
+            dedupe="evidence",
+            nodes=job.nodes,
+            data={
+                "bundle_path": str(path),
+                "job": job.model_dump(mode="json"),
+                "node_states": bundle_job.node_states,
+                "unreachable_nodes": unreachable,
+                "log_excerpt": job_log.splitlines()[-40:],
+                "node_log_excerpts": {n: t.splitlines()[-10:] for n, t in node_logs.items()},
+            },
+        )
+        return summary
+
+    @activity.defn(name="attribute")
+    @typed_errors
+    async def attribute(self, inp: AttributeInput) -> Verdict:
+        bundle = await asyncio.to_thread(read_bundle, Path(inp.bundle_path))
+        verdict = attribute_bundle(bundle)
+        await self.deps.audit_row(
+            inp.incident_id,
+            "verdict",
+            f"{verdict.category.value} on {','.join(verdict.culprit_nodes) or 'no node'} "
+            f"(confidence {verdict.confidence:.2f}): {verdict.summary}",
+            dedupe="verdict",
+            nodes=verdict.culprit_nodes,
+            data=verdict.model_dump(mode="json"),
+        )
+        return verdict
+
+    @activity.defn(name="plan")
+    @typed_errors
+    async def plan(self, inp: PlanInput) -> ActionPlan:
+        policy, job = inp.policy, inp.evidence.job
+        now = datetime.now(UTC)
+        lineage = await self._lineage(job.job_id)
+        nodes = await self.deps.scheduler.list_nodes()
+        partition_size = sum(1 for n in nodes if job.partition in n.partitions) or len(nodes)
+        history = PlanHistory(
+            restarts_in_window=await self.deps.audit.count_restarts(
+                inp.cluster, lineage, now - timedelta(hours=policy.budget_window_hours)
+            ),
+            drained_in_window=await self.deps.audit.drained_nodes(
+                inp.cluster, now - timedelta(hours=policy.drain_window_hours)
+            ),
+            partition_size=partition_size,
+            previous_unknown=await self._previous_unknown(inp.incident_id, lineage),
+            already_drained=[n.name for n in nodes if n.name in job.nodes and n.drain_flag],
+        )
+        plan = make_plan(
+            request_id=f"{inp.incident_id}/plan",
+            verdict=inp.verdict,
+            evidence=inp.evidence,
+            policy=policy,
+            history=history,
+        )
+        await self.deps.audit_row(
+            inp.incident_id,
+            "plan",
+            f"{plan.action.value} ({plan.mode.value})"
+            + (f", drain {','.join(plan.drain_nodes)}" if plan.drain_nodes else "")
+            + f": {'; '.join(plan.reasons)}",
+            dedupe="plan",
+            nodes=plan.drain_nodes,
+            data={**plan.model_dump(mode="json"), "history": history.model_dump(mode="json")},
+        )
+        for guard in plan.guards:
+            await self.deps.audit_row(
+                inp.incident_id,
+                "guard",
+                f"{guard.guard}: {'allowed' if guard.allowed else 'REFUSED'} — {guard.detail}",
+                dedupe=f"guard:{guard.guard}",
+                data=guard.model_dump(mode="json"),
+            )
+        return plan
+
+    async def _lineage(self, job_id: str) -> list[str]:
+        """This job and the jobs it was resubmitted from (relaunch_parent in the comment)."""
+        jobs = {j.job_id: j for j in await self.deps.scheduler.list_jobs()}
+        chain, current = [job_id], jobs.get(job_id)
+        while current is not None and (parent := current.comment_fields.get(LINEAGE_KEY)):
+            if parent in chain:
+                break
+            chain.append(parent)
+            current = jobs.get(parent)
+        return chain
+
+    async def _previous_unknown(self, incident_id: str, lineage: list[str]) -> bool:
+        for row in await self.deps.audit.incidents(limit=50):
+            if (
+                row.id != incident_id
+                and row.job_id in lineage
+                and row.category == Category.UNKNOWN.value
+            ):
+                return True
+        return False

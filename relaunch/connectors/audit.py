@@ -1,0 +1,232 @@
+"""The audit trail in PostgreSQL: incidents and an append-only log of what happened to each.
+
+Every detection, evidence bundle, verdict, plan, guard decision, approval, action and stage
+change is one row in ``audit_events``. Rows are never updated or deleted (a trigger refuses
+it). Writers pass a ``dedupe_key`` so that a retried activity records its row once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, Field
+
+from relaunch.models.recovery import AuditRecord
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        create table incidents (
+            id          text primary key,
+            cluster     text not null,
+            job_id      text not null,
+            attempt     integer not null,
+            created_at  timestamptz not null default now()
+        );
+        create table audit_events (
+            id           bigserial primary key,
+            incident_id  text not null references incidents(id),
+            kind         text not null,
+            at           timestamptz not null,
+            actor        text not null,
+            stage        text,
+            nodes        text[] not null default '{}',
+            summary      text not null default '',
+            data         jsonb not null default '{}'::jsonb,
+            dedupe_key   text unique
+        );
+        create index audit_events_incident on audit_events (incident_id, id);
+        create index audit_events_nodes on audit_events using gin (nodes);
+        create index audit_events_kind_at on audit_events (kind, at);
+        create index incidents_job on incidents (cluster, job_id);
+        create function audit_events_append_only() returns trigger language plpgsql as $$
+        begin
+            raise exception 'the audit trail is append-only';
+        end $$;
+        create trigger audit_events_append_only before update or delete on audit_events
+            for each row execute function audit_events_append_only();
+        """,
+    ),
+]
+
+_LOCK_ID = 0x52454C41  # "RELA": serialises migrations across processes
+
+
+class IncidentRow(BaseModel):
+    """One incident as `relaunch incidents` lists it."""
+
+    id: str
+    cluster: str
+    job_id: str
+    attempt: int
+    created_at: datetime
+    last_at: datetime
+    stage: str | None = None
+    category: str | None = None
+    action: str | None = None
+    mode: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+
+
+class StoredEvent(AuditRecord):
+    id: int
+
+
+async def migrate(conn: AsyncConnection[Any]) -> int:
+    """Apply pending migrations; returns the schema version."""
+    async with conn.transaction():
+        await conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+        await conn.execute(
+            "create table if not exists schema_migrations ("
+            " version integer primary key, applied_at timestamptz not null default now())"
+        )
+        cur = await conn.execute("select coalesce(max(version), 0) from schema_migrations")
+        row = await cur.fetchone()
+        current = int(row[0]) if row else 0
+        for version, sql in MIGRATIONS:
+            if version > current:
+                await conn.execute(sql)
+                await conn.execute(
+                    "insert into schema_migrations (version) values (%s)", (version,)
+                )
+                current = version
+    return current
+
+
+class AuditStore:
+    """Async access to the audit trail over a connection pool built once per process."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def open(cls, database_url: str, *, max_size: int = 4) -> AuditStore:
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            database_url, min_size=1, max_size=max_size, open=False, kwargs={"autocommit": True}
+        )
+        await pool.open(wait=True, timeout=30)
+        async with pool.connection() as conn:
+            await migrate(conn)
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def ensure_incident(
+        self, incident_id: str, cluster: str, job_id: str, attempt: int
+    ) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute(
+                "insert into incidents (id, cluster, job_id, attempt) values (%s, %s, %s, %s)"
+                " on conflict (id) do nothing",
+                (incident_id, cluster, job_id, attempt),
+            )
+
+    async def record(self, record: AuditRecord, *, dedupe_key: str | None = None) -> bool:
+        """Append one row; False when a row with the same dedupe_key is already there."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "insert into audit_events"
+                " (incident_id, kind, at, actor, stage, nodes, summary, data, dedupe_key)"
+                " values (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " on conflict (dedupe_key) do nothing",
+                (
+                    record.incident_id,
+                    record.kind,
+                    record.at,
+                    record.actor,
+                    record.stage,
+                    list(record.nodes),
+                    record.summary,
+                    Jsonb(json.loads(json.dumps(record.data, default=str))),
+                    dedupe_key,
+                ),
+            )
+            return bool(cur.rowcount == 1)
+
+    async def events(self, incident_id: str) -> list[StoredEvent]:
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                "select id, incident_id, kind, at, actor, stage, nodes, summary, data"
+                " from audit_events where incident_id = %s order by at, id",
+                (incident_id,),
+            )
+            return [StoredEvent.model_validate(row) for row in await cur.fetchall()]
+
+    async def incidents(
+        self,
+        *,
+        job_id: str | None = None,
+        node: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[IncidentRow]:
+        where: list[str] = ["true"]
+        args: list[object] = []
+        if job_id:
+            where.append("i.job_id = %s")
+            args.append(job_id)
+        if node:
+            where.append(
+                "exists (select 1 from audit_events n where n.incident_id = i.id"
+                " and %s = any(n.nodes))"
+            )
+            args.append(node)
+        if since:
+            where.append("i.created_at >= %s")
+            args.append(since)
+        sql = f"""
+            select i.id, i.cluster, i.job_id, i.attempt, i.created_at,
+                   coalesce(max(e.at), i.created_at) as last_at,
+                   (array_agg(e.stage order by e.id desc) filter (where e.kind = 'stage'))[1]
+                       as stage,
+                   (array_agg(e.data->>'category' order by e.id desc)
+                       filter (where e.kind = 'verdict'))[1] as category,
+                   (array_agg(e.data->>'action' order by e.id desc)
+                       filter (where e.kind = 'plan'))[1] as action,
+                   (array_agg(e.data->>'mode' order by e.id desc)
+                       filter (where e.kind = 'plan'))[1] as mode,
+                   coalesce((select v.nodes from audit_events v where v.incident_id = i.id
+                       and v.kind = 'verdict' order by v.id desc limit 1), '{{}}') as nodes
+            from incidents i left join audit_events e on e.incident_id = i.id
+            where {" and ".join(where)}
+            group by i.id
+            order by i.created_at desc
+            limit %s
+        """
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, (*args, limit))
+            return [IncidentRow.model_validate(row) for row in await cur.fetchall()]
+
+    async def count_restarts(self, cluster: str, job_ids: Sequence[str], since: datetime) -> int:
+        """Restarts Relaunch performed for these jobs (a lineage) since ``since``."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "select count(*) from audit_events e join incidents i on i.id = e.incident_id"
+                " where i.cluster = %s and i.job_id = any(%s) and e.kind = 'action'"
+                " and e.data->>'step' = 'restart' and (e.data->>'changed')::boolean"
+                " and e.at >= %s",
+                (cluster, list(job_ids), since),
+            )
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+    async def drained_nodes(self, cluster: str, since: datetime) -> list[str]:
+        """Nodes Relaunch drained on this cluster since ``since`` (the blast-radius window)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "select distinct unnest(e.nodes) from audit_events e"
+                " join incidents i on i.id = e.incident_id"
+                " where i.cluster = %s and e.kind = 'action' and e.data->>'step' = 'drain'"
+                " and (e.data->>'changed')::boolean and e.at >= %s",
+                (cluster, since),
+            )
+            return sorted(str(r[0]) for r in await cur.fetchall())

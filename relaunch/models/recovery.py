@@ -1,0 +1,275 @@
+"""Contracts of the recovery loop: detections, verdicts, plans, approvals, workflow status.
+
+Every workflow, activity, signal and query takes one of these in and gives one out, so that the
+Temporal history (and the UI) shows named fields, and changes stay additive.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+
+class Category(StrEnum):
+    GPU_HARDWARE = "gpu_hardware"
+    NETWORK = "network"
+    NODE_FAILURE = "node_failure"
+    HANG = "hang"
+    APPLICATION = "application"
+    INFRASTRUCTURE = "infrastructure"
+    PREEMPTION = "preemption"
+    TIME_LIMIT = "time_limit"
+    USER_CANCEL = "user_cancel"
+    UNKNOWN = "unknown"
+
+
+class Action(StrEnum):
+    ISOLATE_AND_RESTART = "isolate_and_restart"
+    RESTART = "restart"
+    HOLD = "hold"
+    NONE = "none"
+
+
+class Mode(StrEnum):
+    MONITOR = "monitor"
+    AUTONOMOUS = "autonomous"
+
+
+class RestartMethod(StrEnum):
+    REQUEUE = "requeue"
+    RESUBMIT = "resubmit"
+
+
+class Stage(StrEnum):
+    """Where a recovery is; the value of the RelaunchStage search attribute."""
+
+    GATHERING = "gathering"
+    ATTRIBUTING = "attributing"
+    PLANNING = "planning"
+    AWAITING_APPROVAL = "awaiting_approval"
+    ISOLATING = "isolating"
+    ACTING = "acting"
+    VERIFYING = "verifying"
+    DONE = "done"
+    HELD = "held"
+    NO_ACTION = "no_action"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+TERMINAL_STAGES = frozenset(
+    {Stage.DONE, Stage.HELD, Stage.NO_ACTION, Stage.REJECTED, Stage.EXPIRED, Stage.FAILED}
+)
+
+
+class DetectionSource(StrEnum):
+    SCHEDULER = "scheduler"
+    JOB_LOG = "job_log"
+    NODE_LOG = "node_log"
+    PROGRESS = "progress"
+    TELEMETRY = "telemetry"
+
+
+class Detection(BaseModel):
+    """One observation that a job attempt is interrupted or stalled."""
+
+    cluster: str
+    job_id: str
+    attempt: int = Field(description="the job's restart count when the observation was made")
+    source: DetectionSource
+    kind: str = Field(description="e.g. job_state:NODE_FAIL, node_state:DOWN, signature:xid_79")
+    signature: str | None = None
+    text: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    fault_time: datetime | None = None
+    detected_at: datetime
+
+    @property
+    def workflow_id(self) -> str:
+        return recovery_workflow_id(self.cluster, self.job_id, self.attempt)
+
+
+def recovery_workflow_id(cluster: str, job_id: str, attempt: int) -> str:
+    """The design's contract: one workflow per job attempt."""
+    return f"relaunch-{cluster}-{job_id}-{attempt}"
+
+
+def task_queue(cluster: str) -> str:
+    return f"relaunch-{cluster}"
+
+
+class EvidenceLine(BaseModel):
+    """A line that contributed to a verdict (the `relaunch classify` evidence shape)."""
+
+    source: str
+    line_no: int
+    text: str
+    signature: str
+    role: str = "root"
+
+
+class Verdict(BaseModel):
+    category: Category
+    culprit_nodes: list[str] = Field(default_factory=list)
+    confidence: float = 0.0
+    action: Action
+    evidence: list[EvidenceLine] = Field(default_factory=list)
+    summary: str = ""
+
+
+class Policy(BaseModel):
+    """How a cluster is allowed to act. Overrides apply per partition, then per category."""
+
+    mode: Mode = Mode.MONITOR
+    partition_modes: dict[str, Mode] = Field(default_factory=dict)
+    category_modes: dict[Category, Mode] = Field(default_factory=dict)
+    restart_method: RestartMethod = RestartMethod.REQUEUE
+    restart_budget: int = 3
+    budget_window_hours: float = 24.0
+    drain_share: float = 0.10
+    drain_cap: int = 4
+    drain_window_hours: float = 24.0
+    approval_timeout_s: float = 1800.0
+    verify_timeout_s: float = 300.0
+    hang_threshold_s: float = 120.0
+
+    def mode_for(self, partition: str, category: Category) -> Mode:
+        if category in self.category_modes:
+            return self.category_modes[category]
+        return self.partition_modes.get(partition, self.mode)
+
+
+class JobSnapshot(BaseModel):
+    """What the workflow needs to know about the job (small; the full record is in evidence)."""
+
+    job_id: str
+    name: str = ""
+    state: str = ""
+    partition: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    restart_count: int = 0
+    stdout_path: str = ""
+    last_checkpoint_step: int | None = None
+
+
+class GatherInput(BaseModel):
+    incident_id: str
+    cluster: str
+    job_id: str
+    attempt: int
+
+
+class EvidenceSummary(BaseModel):
+    incident_id: str
+    bundle_path: str
+    job: JobSnapshot
+    node_states: dict[str, str] = Field(default_factory=dict)
+    unreachable_nodes: list[str] = Field(default_factory=list)
+
+
+class AttributeInput(BaseModel):
+    incident_id: str
+    bundle_path: str
+
+
+class GuardDecision(BaseModel):
+    guard: str
+    allowed: bool
+    detail: str
+
+
+class PlanInput(BaseModel):
+    incident_id: str
+    cluster: str
+    verdict: Verdict
+    evidence: EvidenceSummary
+    policy: Policy
+
+
+class ActionPlan(BaseModel):
+    """What the recovery will do once allowed. Approval executes exactly this."""
+
+    request_id: str
+    action: Action
+    mode: Mode
+    drain_nodes: list[str] = Field(default_factory=list)
+    fence_nodes: list[str] = Field(default_factory=list)
+    exclude_nodes: list[str] = Field(default_factory=list)
+    restart_method: RestartMethod = RestartMethod.REQUEUE
+    job_id: str
+    expected_restart_count: int
+    guards: list[GuardDecision] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+
+    @property
+    def restarts(self) -> bool:
+        return self.action in {Action.ISOLATE_AND_RESTART, Action.RESTART}
+
+
+class Approval(BaseModel):
+    """Input of the `approve` and `reject` signals: ``{"by": "ana", "reason": "..."}``."""
+
+    by: str
+    reason: str = ""
+
+
+class ActInput(BaseModel):
+    incident_id: str
+    cluster: str
+    plan: ActionPlan
+
+
+class StepOutcome(BaseModel):
+    """What an isolate/act/verify step did; `changed` false means it found the work done."""
+
+    ok: bool
+    changed: bool = False
+    detail: str = ""
+    new_job_id: str | None = None
+
+
+class VerifyInput(BaseModel):
+    incident_id: str
+    cluster: str
+    job_id: str
+    avoid_nodes: list[str]
+    checkpoint_step: int | None = None
+    timeout_s: float = 300.0
+
+
+class RecoveryInput(BaseModel):
+    cluster: str
+    job_id: str
+    attempt: int
+    policy: Policy = Field(default_factory=Policy)
+
+
+class RecoveryStatus(BaseModel):
+    """Answer of the `status` query."""
+
+    incident_id: str
+    stage: Stage
+    mode: Mode | None = None
+    verdict: Verdict | None = None
+    plan: ActionPlan | None = None
+    awaiting_approval: bool = False
+    approval_deadline: datetime | None = None
+    decided_by: str | None = None
+    detections: int = 0
+    outcome: str = ""
+
+
+class AuditRecord(BaseModel):
+    """One append-only audit row."""
+
+    incident_id: str
+    kind: str
+    at: datetime
+    actor: str = "relaunch"
+    stage: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    summary: str = ""
+    data: dict[str, object] = Field(default_factory=dict)

@@ -1,0 +1,234 @@
+"""CLI commands of the recovery loop: worker, watch, approve/reject, incidents, show."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote
+
+import click
+from pydantic import ValidationError
+
+from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
+from relaunch.models.config import ClusterConfig
+from relaunch.models.errors import RelaunchError
+from relaunch.models.recovery import Approval
+
+
+def cluster_config_path(state_dir: Path, cluster: str) -> Path:
+    return state_dir / "clusters" / f"{cluster}.json"
+
+
+def load_config(config: Path | None, cluster: str, state_dir: Path) -> ClusterConfig:
+    path = config or cluster_config_path(state_dir, cluster)
+    if not path.is_file():
+        raise RelaunchError(
+            f"no configuration for cluster {cluster!r} at {path}",
+            hint="pass --config FILE, or run `relaunch dev up` for the local cluster",
+        )
+    try:
+        return ClusterConfig.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise RelaunchError(
+            f"{path}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        ) from exc
+
+
+def config_options(fn: click.decorators.FC) -> click.decorators.FC:
+    fn = click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Cluster configuration JSON.",
+    )(fn)
+    fn = click.option("--cluster", default="dev", show_default=True, help="Cluster name.")(fn)
+    fn = click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path(".relaunch"),
+        show_default=True,
+        help="Where `relaunch dev up` keeps cluster configurations.",
+    )(fn)
+    return fn
+
+
+def _fail(exc: RelaunchError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(75 if exc.retryable else 1)
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("worker")
+    @config_options
+    def worker_cmd(config_path: Path | None, cluster: str, state_dir: Path) -> None:
+        """Run the Temporal worker that executes recoveries for one cluster."""
+        from relaunch.workers.worker import run_worker
+
+        try:
+            config = load_config(config_path, cluster, state_dir)
+        except RelaunchError as exc:
+            _fail(exc)
+        _logging()
+        asyncio.run(run_worker(config))
+
+    @cli.command("watch")
+    @config_options
+    def watch_cmd(config_path: Path | None, cluster: str, state_dir: Path) -> None:
+        """Watch one cluster's jobs and start (or join) a recovery for each interruption."""
+        from relaunch.workers.watch_main import run_watch
+
+        try:
+            config = load_config(config_path, cluster, state_dir)
+        except RelaunchError as exc:
+            _fail(exc)
+        _logging()
+        asyncio.run(run_watch(config))
+
+    def _decide(decision: str, incident: str, by: str, reason: str, config: ClusterConfig) -> None:
+        from relaunch.workers import recovery_client
+        from relaunch.workers.worker import connect
+
+        async def go() -> None:
+            client = await connect(config)
+            before = await recovery_client.decide(
+                client, incident, decision, Approval(by=by, reason=reason)
+            )
+            plan = before.plan
+            click.echo(f"{decision}d {incident} as {by}")
+            if plan is not None and decision == "approve":
+                click.echo(
+                    f"  plan: {plan.action.value}"
+                    + (f", drain {','.join(plan.drain_nodes)}" if plan.drain_nodes else "")
+                )
+
+        try:
+            asyncio.run(go())
+        except RelaunchError as exc:
+            _fail(exc)
+
+    for decision in ("approve", "reject"):
+
+        @cli.command(
+            decision,
+            help=f"{decision.capitalize()} the plan an incident recommends "
+            "(monitor mode). Sends the same signal as the Temporal UI.",
+        )
+        @click.argument("incident")
+        @click.option("--by", required=True, help="Who decides (recorded in the audit trail).")
+        @click.option("--reason", default="", help="Why (recorded).")
+        @config_options
+        def decide_cmd(
+            incident: str,
+            by: str,
+            reason: str,
+            config_path: Path | None,
+            cluster: str,
+            state_dir: Path,
+            _decision: str = decision,
+        ) -> None:
+            try:
+                config = load_config(config_path, cluster, state_dir)
+            except RelaunchError as exc:
+                _fail(exc)
+            _decide(_decision, incident, by, reason, config)
+
+    @cli.command("incidents")
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+    @click.option("--job", default=None, help="Only this job id.")
+    @click.option("--node", default=None, help="Only incidents that involve this node.")
+    @click.option("--since", type=click.DateTime(), default=None, help="Only since this time.")
+    @config_options
+    def incidents_cmd(
+        as_json: bool,
+        job: str | None,
+        node: str | None,
+        since: datetime | None,
+        config_path: Path | None,
+        cluster: str,
+        state_dir: Path,
+    ) -> None:
+        """List incidents from the audit trail, newest first."""
+
+        async def go() -> list[IncidentRow]:
+            store = await AuditStore.open(load_config(config_path, cluster, state_dir).database_url)
+            try:
+                return await store.incidents(
+                    job_id=job,
+                    node=node,
+                    since=since.replace(tzinfo=since.tzinfo or UTC) if since else None,
+                )
+            finally:
+                await store.close()
+
+        try:
+            rows = asyncio.run(go())
+        except RelaunchError as exc:
+            _fail(exc)
+        for row in rows:
+            if as_json:
+                click.echo(row.model_dump_json())
+            else:
+                click.echo(
+                    f"{row.id:<28} {row.created_at:%Y-%m-%d %H:%M:%S}  job {row.job_id:<6} "
+                    f"{row.category or '-':<13} {row.stage or '-':<18} "
+                    f"{','.join(row.nodes) or '-'}"
+                )
+        if not rows and not as_json:
+            click.echo("no incidents")
+
+    @cli.command("show")
+    @click.argument("incident")
+    @config_options
+    def show_cmd(incident: str, config_path: Path | None, cluster: str, state_dir: Path) -> None:
+        """Show one incident's timeline with per-stage durations and the Temporal UI link."""
+
+        async def go() -> tuple[ClusterConfig, list[StoredEvent]]:
+            config = load_config(config_path, cluster, state_dir)
+            store = await AuditStore.open(config.database_url)
+            try:
+                return config, await store.events(incident)
+            finally:
+                await store.close()
+
+        try:
+            config, events = asyncio.run(go())
+        except RelaunchError as exc:
+            _fail(exc)
+        if not events:
+            _fail(RelaunchError(f"no incident {incident}", hint="`relaunch incidents` lists them"))
+        click.echo(format_timeline(incident, events, config))
+
+
+def workflow_url(config: ClusterConfig, incident: str) -> str:
+    ns = config.temporal_namespace
+    return f"{config.temporal_ui}/namespaces/{ns}/workflows/{quote(incident, safe='')}"
+
+
+def format_timeline(incident: str, events: list[StoredEvent], config: ClusterConfig) -> str:
+    start = events[0].at
+    lines = [f"incident {incident}"]
+    prev = start
+    for e in events:
+        since_start = (e.at - start).total_seconds()
+        step = (e.at - prev).total_seconds()
+        prev = e.at
+        who = f" [{e.actor}]" if e.actor != "relaunch" else ""
+        lines.append(
+            f"  {e.at:%H:%M:%S.%f}"[:-3] + f"  +{since_start:7.2f}s (Δ{step:6.2f}s)  "
+            f"{e.kind:<9}{who} {e.summary}"
+        )
+    lines.append(f"Temporal UI: {workflow_url(config, incident)}")
+    return "\n".join(lines)
+
+
+__all__ = ["register", "load_config", "cluster_config_path", "format_timeline", "json"]

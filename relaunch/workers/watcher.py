@@ -1,0 +1,426 @@
+"""The watcher: notices, within seconds, that a watched job was interrupted or is stuck.
+
+Each poll makes one ``list_jobs()`` and at most one ``list_nodes()`` call (none when no watched
+job runs), then reads only the bytes appended since the last poll to each watched job's stdout
+and stderr and to its nodes' kernel logs. What it finds becomes :class:`Detection` records,
+each reported once per job attempt (same kind, same nodes: reported once).
+
+Choices worth knowing:
+
+- A job seen for the first time is read from the start of its log on its first attempt, else
+  from the current end (lines of earlier attempts must not be charged to this one). Node logs
+  always start at their current end. Offsets survive requeues: the log keeps growing.
+- A requeue Slurm did by itself is reported with the attempt it interrupted (the old restart
+  count), and so are the log lines read in that same poll.
+- Only ``root`` and ``cascade`` signatures are reported, and only a root names nodes; a cascade
+  comes from a healthy reporter and would blame the wrong node.
+- Rank → node: a ``node=`` field on the rank's progress lines wins; otherwise Slurm's default
+  block layout is assumed (task ``i`` of ``n`` per node runs on ``job.nodes[i // n]``; with one
+  task per node, rank ``i`` is on ``job.nodes[i]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from pydantic import BaseModel, Field, field_validator
+
+from relaunch.connectors.logs import FileTail
+from relaunch.connectors.slurm import hostlist
+from relaunch.connectors.slurm.cli import LINEAGE_KEY
+from relaunch.detection.progress import ProgressTracker
+from relaunch.detection.signatures import Catalogue, Culprit, Line, LineBuffer, Role, SignatureMatch
+from relaunch.models.errors import InvalidNameError, RelaunchError
+from relaunch.models.recovery import Detection, DetectionSource
+from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState
+
+logger = logging.getLogger(__name__)
+
+REPORTED_ROLES = frozenset({Role.ROOT, Role.CASCADE})
+_ON = {"on", "yes", "true", "1"}
+_OFF = {"off", "no", "false", "0"}
+
+
+class SchedulerView(Protocol):
+    """The two batched reads the watcher needs (``SlurmCli`` and ``SlurmRest`` provide them)."""
+
+    async def list_jobs(self) -> list[Job]: ...
+
+    async def list_nodes(self) -> list[Node]: ...
+
+
+DetectionHandler = Callable[[Detection], Awaitable[None]]
+
+
+class WatchConfig(BaseModel):
+    """What to watch and how closely."""
+
+    cluster: str = Field(min_length=1)
+    partitions: list[str] = Field(default_factory=list, description="watched wholesale")
+    opt_in_comment: bool = Field(default=True, description="watch jobs with relaunch=on")
+    poll_interval_s: float = Field(default=1.0, gt=0, le=2.0)
+    hang_threshold_s: float = Field(default=120.0, gt=0)
+    stall_k: float = Field(default=10.0, gt=0, description="stall = k × the median step time")
+    node_log_pattern: str | None = Field(default=None, description="with {node}, per node")
+    progress_pattern: str | None = Field(default=None, description="a regex with group `step`")
+    max_read_bytes: int = Field(default=8 << 20, gt=0, description="per file per poll")
+    max_pending: int = Field(default=10_000, gt=0, description="undelivered detections kept")
+
+    @field_validator("node_log_pattern")
+    @classmethod
+    def _has_node(cls, value: str | None) -> str | None:
+        if value is not None and "{node}" not in value:
+            raise ValueError("node_log_pattern must contain {node}")
+        return value
+
+
+@dataclass
+class WatchStats:
+    """Counters for metrics and `relaunch dev status`."""
+
+    polls: int = 0
+    last_poll_s: float = 0.0
+    watched_jobs: int = 0
+    detections: int = 0
+    errors: int = 0
+    last_error: str = ""
+
+
+@dataclass
+class _Stream:
+    tail: FileTail
+    lines: LineBuffer = field(default_factory=LineBuffer)
+    truncations: int = 0
+    failing: bool = False
+
+    def read(self) -> list[Line]:
+        try:
+            data = self.tail.read()
+        except OSError as exc:
+            if not self.failing:
+                logger.warning("cannot read log", extra={"path": self.tail.path, "error": str(exc)})
+            self.failing = True
+            return []
+        self.failing = False
+        if self.tail.truncations != self.truncations:
+            self.truncations = self.tail.truncations
+            self.lines.discard_partial()
+        return self.lines.feed(data) if data else []
+
+
+@dataclass
+class _JobWatch:
+    restart_count: int
+    from_start: bool
+    progress: ProgressTracker
+    logs: dict[str, _Stream] = field(default_factory=dict)
+    node_logs: dict[str, _Stream] = field(default_factory=dict)
+    drain_seen: dict[str, bool] = field(default_factory=dict)
+    emitted: set[tuple[int, str, tuple[str, ...]]] = field(default_factory=set)
+
+    def first_time(self, detection: Detection) -> bool:
+        """Dedupe: one report per (attempt, kind, nodes)."""
+        key = (detection.attempt, detection.kind, tuple(detection.nodes))
+        if key in self.emitted:
+            return False
+        self.emitted.add(key)
+        return True
+
+
+class Watcher:
+    """Polls a cluster and turns what it sees into detections (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: WatchConfig,
+        scheduler: SchedulerView,
+        on_detection: DetectionHandler,
+        *,
+        catalogue: Catalogue | None = None,
+    ) -> None:
+        self.config = config
+        self.stats = WatchStats()
+        self._scheduler = scheduler
+        self._on_detection = on_detection
+        self._catalogue = catalogue or Catalogue.load()
+        self._jobs: dict[str, _JobWatch] = {}
+
+    def watches(self, job: Job) -> bool:
+        """Opted in by comment (``relaunch=on``) or in a watched partition; ``relaunch=off``
+        always opts out."""
+        flag = job.comment_fields.get("relaunch", "").strip().lower()
+        if flag in _OFF:
+            return False
+        if self.config.opt_in_comment and flag in _ON:
+            return True
+        return any(p in self.config.partitions for p in job.partition.split(",") if p)
+
+    def log_offsets(self, job_id: str) -> dict[str, int]:
+        """Byte offsets reached in each of the job's log files (job logs, then node logs)."""
+        watch = self._jobs.get(job_id)
+        if watch is None:
+            return {}
+        streams = [*watch.logs.values(), *watch.node_logs.values()]
+        return {s.tail.path: s.tail.offset for s in streams}
+
+    async def poll_once(self, now: datetime | None = None) -> list[Detection]:
+        """One look at the cluster. An injected ``now`` also drives the progress clock."""
+        started = time.monotonic()
+        if now is None:
+            wall, clock = datetime.now(UTC), time.monotonic()
+        else:
+            wall = now if now.tzinfo else now.replace(tzinfo=UTC)
+            clock = wall.timestamp()
+        jobs = [job for job in await self._scheduler.list_jobs() if self.watches(job)]
+        nodes: dict[str, Node] = {}
+        if any(job.state is JobState.RUNNING for job in jobs):
+            nodes = {node.name: node for node in await self._scheduler.list_nodes()}
+        found: list[Detection] = []
+        for job in jobs:
+            found.extend(self._check_job(job, nodes, wall, clock))
+        for gone in set(self._jobs) - {job.job_id for job in jobs}:
+            del self._jobs[gone]
+        self.stats.polls += 1
+        self.stats.watched_jobs = len(jobs)
+        self.stats.detections += len(found)
+        self.stats.last_poll_s = time.monotonic() - started
+        return found
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set, handing each detection to ``on_detection``. Scheduler
+        errors are logged and the next poll tries again; a detection whose delivery fails is
+        kept and delivered later."""
+        pending: deque[Detection] = deque()
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                pending.extend(await self.poll_once())
+            except RelaunchError as exc:
+                self._failed(exc, retryable=exc.retryable)
+            except Exception as exc:
+                logger.exception("watcher poll failed unexpectedly")
+                self._failed(exc, retryable=False)
+            while len(pending) > self.config.max_pending:
+                dropped = pending.popleft()
+                logger.error("dropping undelivered detection", extra=_fields(dropped))
+            await self._deliver(pending)
+            delay = max(0.0, self.config.poll_interval_s - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    def _failed(self, exc: Exception, *, retryable: bool) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = str(exc)
+        level = logging.WARNING if retryable else logging.ERROR
+        logger.log(level, "poll failed", extra={"error": str(exc), "retryable": retryable})
+
+    async def _deliver(self, pending: deque[Detection]) -> None:
+        while pending:
+            try:
+                await self._on_detection(pending[0])
+            except Exception:
+                logger.exception("delivering a detection failed; retrying next poll")
+                return
+            logger.info("detection", extra=_fields(pending.popleft()))
+
+    # ---------------------------------------------------------------- one job
+
+    def _check_job(
+        self, job: Job, nodes: dict[str, Node], wall: datetime, clock: float
+    ) -> list[Detection]:
+        watch = self._jobs.get(job.job_id)
+        if watch is None:
+            fresh = job.restart_count == 0 and LINEAGE_KEY not in job.comment_fields
+            watch = self._jobs[job.job_id] = _JobWatch(job.restart_count, fresh, self._tracker())
+        requeued = job.restart_count > watch.restart_count
+        poll = _Poll(self.config.cluster, job, watch, watch.restart_count, wall, clock)
+        if requeued:
+            text = f"requeued: restart count {poll.attempt} -> {job.restart_count}, now {job.state}"
+            poll.add("job_state:REQUEUED", text=text)
+            watch.restart_count, watch.progress = job.restart_count, self._tracker()
+            watch.drain_seen.clear()
+        if job.state.is_abnormal_end:
+            text = f"{job.state} exit_code={job.exit_code} reason={job.reason or '-'}"
+            poll.add(f"job_state:{job.state}", text=text, fault_time=job.end_time)
+        if job.state is JobState.RUNNING:
+            self._node_states(poll, nodes)
+        self._job_logs(poll)
+        self._node_logs(poll)
+        if job.state is JobState.RUNNING and not requeued:
+            self._progress(poll)
+        return [d for d in poll.found if watch.first_time(d)]
+
+    def _tracker(self) -> ProgressTracker:
+        return ProgressTracker(self.config.progress_pattern, k=self.config.stall_k)
+
+    def _node_states(self, poll: _Poll, nodes: dict[str, Node]) -> None:
+        for name in poll.job.nodes:
+            node = nodes.get(name)
+            if node is None:
+                continue
+            drained_before = poll.watch.drain_seen.get(name)
+            poll.watch.drain_seen[name] = node.drain_flag
+            state: str | None = None
+            if node.state is NodeState.DOWN:
+                state = "DOWN"
+            elif NodeFlag.NOT_RESPONDING in node.flags:
+                state = "NOT_RESPONDING"
+            elif NodeFlag.FAIL in node.flags:
+                state = "FAIL"
+            elif node.drain_flag and drained_before is False:
+                # A drain that appeared while we watched; Relaunch's own drains are expected.
+                state = None if node.reason.lower().startswith("relaunch") else "DRAIN"
+            if state is not None:
+                text = f"{name} {node.display_state} reason={node.reason or '-'}"
+                poll.add(
+                    f"node_state:{state}", nodes=[name], text=text, fault_time=node.reason_time
+                )
+
+    def _job_logs(self, poll: _Poll) -> None:
+        job, watch = poll.job, poll.watch
+        for path in [p for p in dict.fromkeys([job.stdout_path, job.stderr_path]) if p]:
+            stream = watch.logs.get(path)
+            if stream is None:
+                stream = watch.logs[path] = self._stream(path, from_start=watch.from_start)
+            lines = stream.read()
+            for line in lines:
+                watch.progress.observe(line.text, poll.clock)
+            for match in self._catalogue.scan_lines(lines, source=path):
+                if match.role in REPORTED_ROLES:
+                    poll.add_match(match, self._culprits(poll, match), DetectionSource.JOB_LOG)
+
+    def _node_logs(self, poll: _Poll) -> None:
+        pattern, watch = self.config.node_log_pattern, poll.watch
+        if pattern is None or not poll.job.nodes:
+            return
+        for stale in set(watch.node_logs) - set(poll.job.nodes):
+            del watch.node_logs[stale]
+        for node in poll.job.nodes:
+            stream = watch.node_logs.get(node)
+            if stream is None:
+                path = pattern.replace("{node}", node)
+                stream = watch.node_logs[node] = self._stream(path, from_start=False)
+            lines = stream.read()
+            for match in self._catalogue.scan_lines(
+                lines, source=stream.tail.path, source_node=node
+            ):
+                if match.role in REPORTED_ROLES:
+                    culprits = [node] if match.role is Role.ROOT else []
+                    poll.add_match(match, culprits, DetectionSource.NODE_LOG)
+
+    def _progress(self, poll: _Poll) -> None:
+        tracker, floor, clock = poll.watch.progress, self.config.hang_threshold_s, poll.clock
+        last, source = tracker.last_advance, DetectionSource.PROGRESS
+        if last is not None and tracker.stalled(clock, floor):
+            limit, step = tracker.stall_limit(floor), tracker.max_step
+            text = f"no rank advanced for {clock - last:.0f}s (step {step}, limit {limit:.0f}s)"
+            poll.add("hang", source=source, text=text, fault_time=poll.ago(clock - last))
+            return
+        ranks = tracker.ranks
+        for rank in tracker.lagging_ranks(clock, floor):
+            age = clock - ranks[rank].advanced_at
+            node = self._rank_node(poll, rank)
+            text = f"rank {rank} stuck at step {ranks[rank].step} for {age:.0f}s; others advance"
+            nodes = [node] if node else []
+            kind = "progress_stalled_rank"
+            poll.add(kind, source=source, nodes=nodes, text=text, fault_time=poll.ago(age))
+
+    # ---------------------------------------------------------------- helpers
+
+    def _stream(self, path: str, *, from_start: bool) -> _Stream:
+        size = self.config.max_read_bytes
+        return _Stream(
+            FileTail(path, max_read=size) if from_start else FileTail.at_end(path, max_read=size)
+        )
+
+    def _culprits(self, poll: _Poll, match: SignatureMatch) -> list[str]:
+        if match.role is not Role.ROOT:
+            return []
+        culprit, allocated = self._catalogue.get(match.signature).culprit, poll.job.nodes
+        if culprit is Culprit.RANK_PREFIX and match.rank is not None:
+            node = self._rank_node(poll, match.rank)
+            return [node] if node else []
+        if culprit is Culprit.LINE_HOST and match.host:
+            try:
+                names = [name.split(".")[0] for name in hostlist.expand(match.host)]
+            except InvalidNameError:
+                names = [match.host.split(".")[0]]
+            return [n for n in names if n in allocated] if allocated else names
+        return []
+
+    @staticmethod
+    def _rank_node(poll: _Poll, rank: int) -> str | None:
+        nodes, tasks = poll.job.nodes, poll.job.num_tasks
+        named = poll.watch.progress.rank_nodes.get(rank, "").split(".")[0]
+        if named in nodes:
+            return named
+        if not nodes or rank < 0:
+            return None
+        per_node = tasks // len(nodes) if tasks % len(nodes) == 0 else 1
+        index = rank // max(per_node, 1)
+        return nodes[index] if index < len(nodes) else None
+
+
+@dataclass
+class _Poll:
+    """One watched job in one poll, and the detections made for it."""
+
+    cluster: str
+    job: Job
+    watch: _JobWatch
+    attempt: int
+    wall: datetime
+    clock: float
+    found: list[Detection] = field(default_factory=list)
+
+    def ago(self, seconds: float) -> datetime:
+        return self.wall - timedelta(seconds=seconds)
+
+    def add(
+        self,
+        kind: str,
+        *,
+        source: DetectionSource = DetectionSource.SCHEDULER,
+        nodes: list[str] | None = None,
+        text: str = "",
+        fault_time: datetime | None = None,
+        signature: str | None = None,
+    ) -> None:
+        self.found.append(
+            Detection(
+                cluster=self.cluster,
+                job_id=self.job.job_id,
+                attempt=self.attempt,
+                source=source,
+                kind=kind,
+                signature=signature,
+                text=text,
+                nodes=sorted(nodes or []),
+                fault_time=fault_time,
+                detected_at=self.wall,
+            )
+        )
+
+    def add_match(self, match: SignatureMatch, nodes: list[str], source: DetectionSource) -> None:
+        kind, when = f"signature:{match.signature}", match.timestamp
+        self.add(
+            kind,
+            source=source,
+            nodes=nodes,
+            text=match.text,
+            fault_time=when,
+            signature=match.signature,
+        )
+
+
+def _fields(detection: Detection) -> dict[str, object]:
+    keys = ("cluster", "job_id", "attempt", "kind", "nodes")
+    return detection.model_dump(include=set(keys))

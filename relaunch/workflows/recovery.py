@@ -1,0 +1,335 @@
+"""RecoveryWorkflow: one durable workflow per interrupted job attempt.
+
+gather evidence → attribute → plan → (monitor mode: wait for approve / reject / expiry) →
+isolate → restart → verify. Orchestration only: every decision and side effect is an activity,
+so its result is in the history and the audit trail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar, cast
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from relaunch.models.recovery import (
+        ActInput,
+        Action,
+        ActionPlan,
+        Approval,
+        AttributeInput,
+        Detection,
+        EvidenceSummary,
+        GatherInput,
+        Mode,
+        PlanInput,
+        RecoveryInput,
+        RecoveryStatus,
+        Stage,
+        StepOutcome,
+        Verdict,
+        VerifyInput,
+        recovery_workflow_id,
+    )
+
+SA_CLUSTER = SearchAttributeKey.for_keyword("RelaunchCluster")
+SA_JOB = SearchAttributeKey.for_keyword("RelaunchJobId")
+SA_CATEGORY = SearchAttributeKey.for_keyword("RelaunchCategory")
+SA_STAGE = SearchAttributeKey.for_keyword("RelaunchStage")
+SA_MODE = SearchAttributeKey.for_keyword("RelaunchMode")
+SA_NODES = SearchAttributeKey.for_keyword_list("RelaunchNodes")
+SA_AWAITING = SearchAttributeKey.for_bool("RelaunchAwaitingApproval")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """A named timeout and retry policy for a family of activities."""
+
+    timeout: timedelta
+    retry: RetryPolicy
+    heartbeat: timedelta | None = None
+
+
+RECORD = CallPolicy(
+    timedelta(seconds=15), RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
+)
+OBSERVE = CallPolicy(
+    timedelta(seconds=90),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        maximum_interval=timedelta(seconds=10),
+        maximum_attempts=5,
+    ),
+)
+ACT = CallPolicy(
+    timedelta(seconds=120),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=2),
+        maximum_interval=timedelta(seconds=20),
+        maximum_attempts=5,
+        non_retryable_error_types=["InvalidNameError", "InvalidStateError", "JobNotFoundError"],
+    ),
+    # A worker that dies mid-action is noticed in seconds, and the action retried elsewhere.
+    heartbeat=timedelta(seconds=15),
+)
+
+
+async def call(name: str, arg: object, result_type: type[T], policy: CallPolicy, summary: str) -> T:
+    """Run an activity by name with its policy; its result typed by ``result_type``."""
+    result = await workflow.execute_activity(
+        name,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=policy.timeout,
+        heartbeat_timeout=policy.heartbeat,
+        retry_policy=policy.retry,
+        summary=summary,
+    )
+    return cast(T, result)
+
+
+@workflow.defn
+class RecoveryWorkflow:
+    def __init__(self) -> None:
+        self._incident = ""
+        self._stage = Stage.GATHERING
+        self._mode: Mode | None = None
+        self._verdict: Verdict | None = None
+        self._plan: ActionPlan | None = None
+        self._decision: tuple[str, Approval] | None = None
+        self._deadline_s: float | None = None
+        self._detections = 0
+        self._outcome = ""
+
+    # ------------------------------------------------------------------ messages
+
+    @workflow.signal
+    async def detection(self, det: Detection) -> None:
+        """Another observation of this interruption (the watcher's start-or-join)."""
+        self._detections += 1
+        incident = self._incident or det.workflow_id
+        await call(
+            "record_detection",
+            {"incident_id": incident, "detection": det},
+            bool,
+            RECORD,
+            f"detection: {det.kind}",
+        )
+
+    @workflow.signal
+    def approve(self, approval: Approval) -> None:
+        self._decide("approve", approval)
+
+    @workflow.signal
+    def reject(self, approval: Approval) -> None:
+        self._decide("reject", approval)
+
+    def _decide(self, decision: str, approval: Approval) -> None:
+        if self._stage is not Stage.AWAITING_APPROVAL or self._decision is not None:
+            workflow.logger.warning(
+                "ignored %s by %s in stage %s", decision, approval.by, self._stage.value
+            )
+            return
+        self._decision = (decision, approval)
+
+    @workflow.query
+    def status(self) -> RecoveryStatus:
+        return RecoveryStatus(
+            incident_id=self._incident,
+            stage=self._stage,
+            mode=self._mode,
+            verdict=self._verdict,
+            plan=self._plan,
+            awaiting_approval=self._stage is Stage.AWAITING_APPROVAL,
+            approval_deadline=(
+                workflow.now() + timedelta(seconds=self._deadline_s)
+                if self._deadline_s is not None and self._stage is Stage.AWAITING_APPROVAL
+                else None
+            ),
+            decided_by=self._decision[1].by if self._decision else None,
+            detections=self._detections,
+            outcome=self._outcome,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:
+        self._stage = stage
+        workflow.upsert_search_attributes(
+            [
+                SA_STAGE.value_set(stage.value),
+                SA_AWAITING.value_set(stage is Stage.AWAITING_APPROVAL),
+            ]
+        )
+        await self._record(
+            "stage", summary, stage=stage.value, dedupe=f"stage:{stage.value}", data=data
+        )
+
+    async def _record(
+        self,
+        kind: str,
+        summary: str,
+        *,
+        stage: str | None = None,
+        actor: str = "relaunch",
+        nodes: list[str] | None = None,
+        dedupe: str | None = None,
+        data: dict[str, object] | None = None,
+    ) -> None:
+        await call(
+            "record_event",
+            {
+                "incident_id": self._incident,
+                "kind": kind,
+                "summary": summary,
+                "stage": stage,
+                "actor": actor,
+                "nodes": nodes or [],
+                "data": data or {},
+                "dedupe": dedupe,
+            },
+            bool,
+            RECORD,
+            f"audit: {kind}",
+        )
+
+    async def _finish(self, stage: Stage, outcome: str) -> RecoveryStatus:
+        self._outcome = outcome
+        await self._stage_to(stage, outcome)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.status()
+
+    # ------------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: RecoveryInput) -> RecoveryStatus:
+        self._incident = recovery_workflow_id(inp.cluster, inp.job_id, inp.attempt)
+        policy = inp.policy
+        workflow.upsert_search_attributes(
+            [SA_CLUSTER.value_set(inp.cluster), SA_JOB.value_set(inp.job_id)]
+        )
+        await self._stage_to(Stage.GATHERING, "gathering evidence")
+        evidence = await call(
+            "gather_evidence",
+            GatherInput(
+                incident_id=self._incident,
+                cluster=inp.cluster,
+                job_id=inp.job_id,
+                attempt=inp.attempt,
+            ),
+            EvidenceSummary,
+            OBSERVE,
+            f"gather evidence for job {inp.job_id}",
+        )
+        self._stage = Stage.ATTRIBUTING
+        verdict = await call(
+            "attribute",
+            AttributeInput(incident_id=self._incident, bundle_path=evidence.bundle_path),
+            Verdict,
+            OBSERVE,
+            "attribute",
+        )
+        self._verdict = verdict
+        workflow.upsert_search_attributes(
+            [
+                SA_CATEGORY.value_set(verdict.category.value),
+                SA_NODES.value_set(verdict.culprit_nodes),
+            ]
+        )
+        self._stage = Stage.PLANNING
+        plan = await call(
+            "plan",
+            PlanInput(
+                incident_id=self._incident,
+                cluster=inp.cluster,
+                verdict=verdict,
+                evidence=evidence,
+                policy=policy,
+            ),
+            ActionPlan,
+            OBSERVE,
+            "plan",
+        )
+        self._plan, self._mode = plan, plan.mode
+        workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
+
+        if plan.action is Action.NONE:
+            return await self._finish(Stage.NO_ACTION, f"no action for {verdict.category.value}")
+
+        # Holding does nothing irreversible (the job is left for a human), so it needs no approval.
+        if plan.mode is Mode.MONITOR and plan.action is not Action.HOLD:
+            self._deadline_s = policy.approval_timeout_s
+            await self._stage_to(
+                Stage.AWAITING_APPROVAL,
+                f"recommend {plan.action.value}: " + "; ".join(plan.reasons),
+                request_id=plan.request_id,
+            )
+            try:
+                await workflow.wait_condition(
+                    lambda: self._decision is not None,
+                    timeout=timedelta(seconds=policy.approval_timeout_s),
+                    timeout_summary="approval expiry",
+                )
+            except TimeoutError:
+                return await self._finish(
+                    Stage.EXPIRED, f"no decision within {policy.approval_timeout_s:g}s: no action"
+                )
+            assert self._decision is not None
+            decision, by = self._decision
+            await self._record(
+                "approval" if decision == "approve" else "rejection",
+                f"{decision}d by {by.by}" + (f": {by.reason}" if by.reason else ""),
+                actor=by.by,
+                dedupe="decision",
+                data={
+                    "decision": decision,
+                    "by": by.by,
+                    "reason": by.reason,
+                    "request_id": plan.request_id,
+                },
+            )
+            if decision == "reject":
+                return await self._finish(Stage.REJECTED, f"rejected by {by.by}: no action")
+
+        act = ActInput(incident_id=self._incident, cluster=inp.cluster, plan=plan)
+        try:
+            if plan.action is Action.HOLD:
+                held = await self._act("hold", act)
+                return await self._finish(Stage.HELD, f"held for a human: {held.detail}")
+            if plan.drain_nodes or plan.fence_nodes:
+                await self._stage_to(Stage.ISOLATING, f"isolating {','.join(plan.drain_nodes)}")
+                await self._act("isolate", act)
+            await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
+            restarted = await self._act("restart", act)
+            await self._stage_to(Stage.VERIFYING, restarted.detail)
+            verified = await call(
+                "verify",
+                VerifyInput(
+                    incident_id=self._incident,
+                    cluster=inp.cluster,
+                    job_id=restarted.new_job_id or plan.job_id,
+                    avoid_nodes=plan.exclude_nodes,
+                    checkpoint_step=evidence.job.last_checkpoint_step,
+                    timeout_s=policy.verify_timeout_s,
+                ),
+                StepOutcome,
+                CallPolicy(
+                    timedelta(seconds=policy.verify_timeout_s + 30),
+                    RetryPolicy(maximum_attempts=3),
+                    heartbeat=timedelta(seconds=10),
+                ),
+                "verify the job runs on healthy nodes",
+            )
+        except ActivityError as err:
+            cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]
+            return await self._finish(Stage.FAILED, f"failed in {self._stage.value}: {cause}")
+        return await self._finish(Stage.DONE, verified.detail)
+
+    async def _act(self, name: str, act: ActInput) -> StepOutcome:
+        return await call(name, act, StepOutcome, ACT, name)

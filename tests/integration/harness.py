@@ -1,0 +1,194 @@
+"""A recovery harness on the session's real stack: a cluster configuration of its own (its own
+task queue and incidents), a real worker and watcher as separate processes, the DDP example job,
+and fault injection."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowHandle
+
+from relaunch.connectors.audit import AuditStore, StoredEvent
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.devstack import faults
+from relaunch.devstack.slurm import start_daemons
+from relaunch.devstack.stack import Stack
+from relaunch.models.config import ClusterConfig, WatchSettings
+from relaunch.models.recovery import TERMINAL_STAGES, Policy, RecoveryStatus, Stage
+from relaunch.models.scheduler import NodeState
+from relaunch.workflows.recovery import RecoveryWorkflow
+
+REPO = Path(__file__).resolve().parents[2]
+DDP_SCRIPT = REPO / "examples" / "jobs" / "train_ddp.sbatch"
+_names = itertools.count(1)
+
+
+class Harness:
+    def __init__(
+        self, stack: Stack, tmp: Path, client: Client, audit: AuditStore, policy: Policy
+    ) -> None:
+        self.stack, self.tmp, self.client, self.audit = stack, tmp, client, audit
+        self.sched: SlurmCli = stack.scheduler()
+        name = f"e2e{os.getpid() % 1000}x{next(_names)}"
+        self.config = ClusterConfig(
+            name=name,
+            slurm_conf=str(stack.slurm.conf),
+            temporal_address=stack.temporal_address,
+            temporal_ui=stack.temporal_ui,
+            database_url=stack.database_url,
+            bundle_dir=str(tmp / name / "bundles"),
+            node_log_pattern=str(tmp / name / "nodes" / "{node}" / "kern.log"),
+            policy=policy,
+            watch=WatchSettings(poll_interval_s=0.5),
+        )
+        self.config_path = tmp / f"{name}.json"
+        self.config_path.write_text(self.config.model_dump_json(indent=2))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.jobs: list[str] = []
+
+    # -------------------------------------------------------------- processes
+
+    def start(self, name: str) -> None:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "relaunch.workers.cli", name, "--config", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name, None)
+        if proc and proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(timeout=30)
+
+    # -------------------------------------------------------------- jobs
+
+    def submit_ddp(self, *args: str) -> str:
+        env = {
+            **os.environ,
+            **self.stack.slurm_env,
+            "RELAUNCH_PYTHON": sys.executable,
+            "RELAUNCH_EXAMPLES": str(REPO / "examples"),
+            "CKPT_DIR": str(self.tmp / "ckpt"),
+        }
+        out = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                f"--output={self.tmp}/train-%j.out",
+                "--comment=relaunch=on",
+                f"--chdir={self.tmp}",
+                str(DDP_SCRIPT),
+                "--step-sleep",
+                "0.2",
+                "--ckpt-every",
+                "5",
+                *args,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        job_id = out.stdout.strip().split(";")[0]
+        self.jobs.append(job_id)
+        return job_id
+
+    def log(self, job_id: str) -> str:
+        path = self.tmp / f"train-{job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    async def wait_log(self, job_id: str, pattern: str, timeout: float = 90) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            matches = list(re.finditer(pattern, self.log(job_id)))
+            if matches:
+                return matches[-1]
+            await asyncio.sleep(0.3)
+        raise AssertionError(f"no {pattern!r} in job {job_id}'s log:\n{self.log(job_id)[-2000:]}")
+
+    def node_log(self, node: str) -> Path:
+        return Path(self.config.node_log_pattern.format(node=node))  # type: ignore[union-attr]
+
+    def inject_xid(self, node: str) -> None:
+        path = self.node_log(node)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fh.write(faults.xid79_line(node))
+
+    def kill_node(self, node: str, job_id: str) -> None:
+        faults.kill_node(self.stack.slurm, node, job_id=job_id, kernel_log=self.node_log(node))
+
+    # -------------------------------------------------------------- recoveries
+
+    def incident(self, job_id: str, attempt: int = 0) -> str:
+        return f"relaunch-{self.config.name}-{job_id}-{attempt}"
+
+    def handle(self, incident: str) -> WorkflowHandle[RecoveryWorkflow, RecoveryStatus]:
+        return self.client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
+
+    async def wait_stage(
+        self, incident: str, stages: set[Stage], timeout: float = 120
+    ) -> RecoveryStatus:
+        deadline = time.monotonic() + timeout
+        last: RecoveryStatus | None = None
+        while time.monotonic() < deadline:
+            try:
+                last = await self.handle(incident).query(RecoveryWorkflow.status)
+                if last.stage in stages:
+                    return last
+                if last.stage in TERMINAL_STAGES:
+                    raise AssertionError(
+                        f"{incident} ended in {last.stage}: {last.outcome}; verdict "
+                        f"{last.verdict.model_dump_json() if last.verdict else None}; plan reasons "
+                        f"{last.plan.reasons if last.plan else None}"
+                    )
+            except Exception as exc:  # not started yet
+                if isinstance(exc, AssertionError):
+                    raise
+            await asyncio.sleep(0.3)
+        raise AssertionError(f"{incident} not in {stages} after {timeout}s (last: {last})")
+
+    async def events(self, incident: str, kind: str | None = None) -> list[StoredEvent]:
+        return [e for e in await self.audit.events(incident) if kind is None or e.kind == kind]
+
+    async def until(
+        self, check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while not await check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} after {timeout}s")
+            await asyncio.sleep(0.3)
+
+    # -------------------------------------------------------------- cleanup
+
+    async def cleanup(self) -> None:
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM)
+        for job_id in self.jobs:
+            await self.sched.cancel_job(job_id)
+        start_daemons(self.stack.slurm)  # a killed slurmd comes back
+        deadline = time.monotonic() + 60
+        for node in await self.sched.list_nodes():
+            if node.drain_flag or node.state is NodeState.DOWN or not node.responding:
+                while True:
+                    try:
+                        await self.sched.resume_node(node.name)
+                        break
+                    except Exception:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(1)

@@ -1,0 +1,335 @@
+"""End-to-end recoveries on the real stack: real Slurm, Temporal, PostgreSQL and the real DDP
+training job; a real worker and watcher in their own processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from relaunch.connectors.audit import AuditStore
+from relaunch.devstack.services import temporal_binary
+from relaunch.devstack.stack import Stack
+from relaunch.models.recovery import (
+    Approval,
+    AuditRecord,
+    Detection,
+    DetectionSource,
+    Mode,
+    Policy,
+    Stage,
+)
+from relaunch.models.scheduler import JobState
+from relaunch.workers import recovery_client
+from relaunch.workflows.recovery import RecoveryWorkflow
+from tests.integration.harness import Harness
+from tests.integration.helpers import wait_job
+
+HISTORIES = Path(__file__).resolve().parents[1] / "histories"
+MakeHarness = Callable[[Policy], Harness]
+
+
+@pytest.fixture
+async def make_harness(
+    stack: Stack, tmp_path: Path, temporal_client: Client
+) -> AsyncIterator[MakeHarness]:
+    tmp_path.chmod(0o755)
+    audit = await AuditStore.open(stack.database_url)
+    made: list[Harness] = []
+
+    def make(policy: Policy) -> Harness:
+        h = Harness(stack, tmp_path, temporal_client, audit, policy)
+        made.append(h)
+        return h
+
+    try:
+        yield make
+    finally:
+        for h in made:
+            await h.cleanup()
+        await audit.close()
+
+
+async def save_history(h: Harness, incident: str, name: str) -> None:
+    """Keep the history for the replay tests (re-recorded with RELAUNCH_RECORD_HISTORIES=1)."""
+    if os.environ.get("RELAUNCH_RECORD_HISTORIES") != "1":
+        return
+    history = await h.handle(incident).fetch_history()
+    HISTORIES.mkdir(exist_ok=True)
+    (HISTORIES / f"{name}.json").write_text(history.to_json())
+
+
+async def actions(h: Harness, incident: str, step: str) -> list[dict[str, object]]:
+    return [e.data for e in await h.events(incident, "action") if e.data.get("step") == step]
+
+
+async def start_training(h: Harness, *args: str) -> tuple[str, list[str], int]:
+    job_id = h.submit_ddp(*args)
+    job = await wait_job(h.sched, job_id, JobState.RUNNING, timeout=60)
+    saved = await h.wait_log(job_id, r"checkpoint saved step=(\d+)")
+    return job_id, job.nodes, int(saved.group(1))
+
+
+async def test_autonomous_node_failure_recovers_on_healthy_nodes(make_harness: MakeHarness) -> None:
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=120))
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    culprit = nodes[1]
+    await h.wait_log(job_id, r"checkpoint saved step=(1[05]|[2-9]\d)")
+    last_ckpt = int(re.findall(r"checkpoint saved step=(\d+)", h.log(job_id))[-1])
+    h.kill_node(culprit, job_id)
+
+    incident = h.incident(job_id)
+    status = await h.wait_stage(incident, {Stage.DONE}, timeout=180)
+    assert status.verdict is not None and status.verdict.culprit_nodes == [culprit]
+    assert status.verdict.category.value in {"gpu_hardware", "node_failure"}
+
+    node = await h.sched.get_node(culprit)
+    assert node.drain_flag and incident in node.reason
+    job = await h.sched.get_job(job_id)
+    assert job.state is JobState.RUNNING and culprit not in job.nodes
+    resumed = await h.wait_log(job_id, r"resumed from checkpoint step=(\d+)")
+    assert int(resumed.group(1)) >= last_ckpt
+
+    kinds = [e.kind for e in await h.events(incident)]
+    for kind in ("detection", "evidence", "verdict", "plan", "action", "verify", "stage"):
+        assert kind in kinds
+    stages = [e.stage for e in await h.events(incident, "stage")]
+    assert stages[0] == "gathering" and stages[-1] == "done"
+    await save_history(h, incident, "autonomous_node_failure")
+
+
+async def test_monitor_waits_then_approval_by_temporal_cli_recovers(
+    make_harness: MakeHarness, stack: Stack
+) -> None:
+    h = make_harness(Policy(mode=Mode.MONITOR, verify_timeout_s=120))
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    culprit = nodes[0]
+    h.inject_xid(culprit)  # a GPU fault on a live node: the job keeps running meanwhile
+    incident = h.incident(job_id)
+    status = await h.wait_stage(incident, {Stage.AWAITING_APPROVAL}, timeout=60)
+    assert status.plan is not None and status.plan.drain_nodes == [culprit]
+    listed = subprocess.run(
+        [
+            str(temporal_binary()),
+            "workflow",
+            "list",
+            "--address",
+            stack.temporal_address,
+            "--query",
+            f'RelaunchAwaitingApproval=true AND RelaunchJobId="{job_id}"',
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert incident in listed.stdout
+    assert not (await h.sched.get_node(culprit)).drain_flag  # nothing happened yet
+
+    subprocess.run(
+        [
+            str(temporal_binary()),
+            "workflow",
+            "signal",
+            "--address",
+            stack.temporal_address,
+            "--workflow-id",
+            incident,
+            "--name",
+            "approve",
+            "--input",
+            '{"by":"ana"}',
+        ],
+        check=True,
+        capture_output=True,
+    )
+    await h.wait_stage(incident, {Stage.DONE}, timeout=180)
+    assert (await h.sched.get_node(culprit)).drain_flag
+    job = await h.sched.get_job(job_id)
+    assert culprit not in job.nodes and job.restart_count == 1
+    approvals = await h.events(incident, "approval")
+    assert [a.actor for a in approvals] == ["ana"]
+    await save_history(h, incident, "monitor_approved")
+
+
+async def test_monitor_rejection_and_expiry_take_no_action(make_harness: MakeHarness) -> None:
+    h = make_harness(Policy(mode=Mode.MONITOR, approval_timeout_s=4))
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    h.inject_xid(nodes[1])
+    incident = h.incident(job_id)
+    await h.wait_stage(incident, {Stage.AWAITING_APPROVAL}, timeout=60)
+    result = await h.handle(incident).result()
+    assert result.stage is Stage.EXPIRED
+    assert not (await h.sched.get_node(nodes[1])).drain_flag
+    assert (await h.sched.get_job(job_id)).restart_count == 0
+    await save_history(h, incident, "monitor_expired")
+
+    # A second job on the same cluster, rejected by an operator through the CLI.
+    h2 = make_harness(Policy(mode=Mode.MONITOR))
+    h2.start("worker")
+    h2.start("watch")
+    job2, nodes2, _ = await start_training(h2)
+    h2.inject_xid(nodes2[0])
+    incident2 = h2.incident(job2)
+    await h2.wait_stage(incident2, {Stage.AWAITING_APPROVAL}, timeout=60)
+    rejected = subprocess.run(
+        [
+            *RELAUNCH,
+            "reject",
+            incident2,
+            "--by",
+            "bob",
+            "--reason",
+            "known flaky sensor",
+            "--config",
+            str(h2.config_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert rejected.returncode == 0, rejected.stderr
+    assert (await h2.handle(incident2).result()).stage is Stage.REJECTED
+    rows = await h2.events(incident2, "rejection")
+    assert rows and rows[0].actor == "bob" and "known flaky sensor" in rows[0].summary
+    assert not await actions(h2, incident2, "drain")
+    assert (await h2.sched.get_job(job2)).restart_count == 0
+
+
+RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
+
+
+async def test_application_error_is_held_without_drain(make_harness: MakeHarness) -> None:
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS))
+    h.start("worker")
+    h.start("watch")
+    job_id = h.submit_ddp("--fail-at-step", "12", "--fail-rank", "1")
+    incident = h.incident(job_id)
+    status = await h.wait_stage(incident, {Stage.HELD}, timeout=120)
+    assert status.verdict is not None and status.verdict.category.value == "application"
+    assert status.verdict.culprit_nodes == []
+    assert not await actions(h, incident, "drain")
+    assert all(not n.drain_flag for n in await h.sched.list_nodes())
+    # The failing rank takes the job down (srun --kill-on-bad-exit); nothing restarts it.
+    job = await wait_job(h.sched, job_id, JobState.FAILED, timeout=60)
+    assert job.restart_count == 0
+    await save_history(h, incident, "application_held")
+
+
+async def test_worker_killed_mid_recovery_completes_exactly_once(make_harness: MakeHarness) -> None:
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=120))
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    culprit = nodes[1]
+    h.kill_node(culprit, job_id)
+    incident = h.incident(job_id)
+    await h.wait_stage(incident, {Stage.ISOLATING, Stage.ACTING, Stage.VERIFYING}, timeout=90)
+    h.kill("worker")  # SIGKILL, mid-recovery
+    h.start("worker")
+    result = await h.handle(incident).result()
+    assert result.stage is Stage.DONE, result.outcome
+    drains = [a for a in await actions(h, incident, "drain") if a["changed"]]
+    restarts = [a for a in await actions(h, incident, "restart") if a["changed"]]
+    assert len(drains) == 1 and len(restarts) == 1
+    assert (await h.sched.get_job(job_id)).restart_count == 1
+
+
+async def test_two_detections_of_one_interruption_make_one_workflow(
+    make_harness: MakeHarness, temporal_client: Client
+) -> None:
+    h = make_harness(Policy(mode=Mode.MONITOR))
+    h.start("worker")
+    job_id, nodes, _ = await start_training(h)
+    now = datetime.now(UTC)
+    log_det = Detection(
+        cluster=h.config.name,
+        job_id=job_id,
+        attempt=0,
+        source=DetectionSource.JOB_LOG,
+        kind="signature:gloo_connection_closed",
+        text="Connection closed by peer",
+        detected_at=now,
+    )
+    node_det = Detection(
+        cluster=h.config.name,
+        job_id=job_id,
+        attempt=0,
+        source=DetectionSource.SCHEDULER,
+        kind="node_state:DOWN",
+        nodes=[nodes[1]],
+        detected_at=now,
+    )
+    assert await recovery_client.start_or_join(temporal_client, h.config, log_det)
+    await recovery_client.start_or_join(temporal_client, h.config, node_det)
+    incident = h.incident(job_id)
+    await h.wait_stage(incident, {Stage.AWAITING_APPROVAL, Stage.NO_ACTION, Stage.HELD}, timeout=60)
+    runs = [w async for w in temporal_client.list_workflows(f'WorkflowId="{incident}"')]
+    assert len(runs) == 1
+    await h.until(lambda: _count(h, incident, "detection", 2), "two detection rows")
+    status = await h.handle(incident).query(RecoveryWorkflow.status)
+    assert status.detections == 2
+    if status.awaiting_approval:
+        await h.handle(incident).signal(RecoveryWorkflow.reject, Approval(by="test"))
+
+
+async def _count(h: Harness, incident: str, kind: str, n: int) -> bool:
+    return len(await h.events(incident, kind)) >= n
+
+
+async def _seed(h: Harness, incident: str, job_id: str, step: str, node: str | None) -> None:
+    await h.audit.ensure_incident(incident, h.config.name, job_id, 0)
+    await h.audit.record(
+        AuditRecord(
+            incident_id=incident,
+            kind="action",
+            at=datetime.now(UTC),
+            nodes=[node] if node else [],
+            summary=f"seeded {step}",
+            data={"step": step, "changed": True},
+        )
+    )
+
+
+async def test_blast_radius_guard_refuses_and_says_so(make_harness: MakeHarness) -> None:
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS, drain_share=0.10, drain_cap=4))
+    await _seed(h, f"relaunch-{h.config.name}-earlier-0", "earlier", "drain", "n9")
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    h.inject_xid(nodes[1])
+    incident = h.incident(job_id)
+    status = await h.wait_stage(incident, {Stage.HELD}, timeout=90)
+    assert status.plan is not None and not status.plan.drain_nodes
+    guards = await h.events(incident, "guard")
+    assert any("blast_radius: REFUSED" in g.summary for g in guards)
+    assert not (await h.sched.get_node(nodes[1])).drain_flag
+
+
+async def test_exhausted_restart_budget_holds(make_harness: MakeHarness) -> None:
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS, restart_budget=2))
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    for i in range(2):
+        await _seed(h, f"relaunch-{h.config.name}-{job_id}-seed{i}", job_id, "restart", None)
+    h.inject_xid(nodes[1])
+    incident = h.incident(job_id)
+    status = await h.wait_stage(incident, {Stage.HELD}, timeout=90)
+    guards = await h.events(incident, "guard")
+    assert any("restart_budget: REFUSED" in g.summary for g in guards)
+    assert (await h.sched.get_job(job_id)).restart_count == 0
+    assert status.plan is not None and status.plan.action.value == "hold"

@@ -1,0 +1,230 @@
+"""RecoveryWorkflow's orchestration on the real Temporal dev server, with activities replaced by
+recording fakes (a unique task queue per test): stages, approval, rejection, expiry, the
+decision being recorded, holds, and that nothing acts before approval."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+from relaunch.models.recovery import (
+    ActInput,
+    Action,
+    ActionPlan,
+    Approval,
+    AttributeInput,
+    Category,
+    Detection,
+    DetectionSource,
+    EvidenceSummary,
+    GatherInput,
+    JobSnapshot,
+    Mode,
+    Policy,
+    RecoveryInput,
+    RecoveryStatus,
+    Stage,
+    StepOutcome,
+    Verdict,
+    VerifyInput,
+)
+from relaunch.workflows.recovery import RecoveryWorkflow
+
+
+@dataclass
+class Fakes:
+    """Activities that record their calls and return canned results."""
+
+    action: Action = Action.ISOLATE_AND_RESTART
+    mode: Mode = Mode.MONITOR
+    calls: list[str] = field(default_factory=list)
+    events: list[dict[str, object]] = field(default_factory=list)
+
+    def activities(self) -> list[object]:
+        @activity.defn(name="record_detection")
+        async def record_detection(inp: dict[str, object]) -> bool:
+            self.calls.append("record_detection")
+            return True
+
+        @activity.defn(name="record_event")
+        async def record_event(inp: dict[str, object]) -> bool:
+            self.events.append(inp)
+            return True
+
+        @activity.defn(name="gather_evidence")
+        async def gather_evidence(inp: GatherInput) -> EvidenceSummary:
+            self.calls.append("gather_evidence")
+            return EvidenceSummary(
+                incident_id=inp.incident_id,
+                bundle_path="/nonexistent",
+                job=JobSnapshot(job_id=inp.job_id, nodes=["n1", "n2"], last_checkpoint_step=10),
+            )
+
+        @activity.defn(name="attribute")
+        async def attribute(inp: AttributeInput) -> Verdict:
+            self.calls.append("attribute")
+            return Verdict(
+                category=Category.GPU_HARDWARE,
+                culprit_nodes=["n2"],
+                confidence=0.9,
+                action=self.action,
+            )
+
+        @activity.defn(name="plan")
+        async def plan(inp: object) -> ActionPlan:
+            self.calls.append("plan")
+            return ActionPlan(
+                request_id="r1",
+                action=self.action,
+                mode=self.mode,
+                drain_nodes=["n2"],
+                exclude_nodes=["n2"],
+                job_id="7",
+                expected_restart_count=0,
+            )
+
+        def step(name: str) -> object:
+            @activity.defn(name=name)
+            async def run(inp: ActInput) -> StepOutcome:
+                self.calls.append(name)
+                return StepOutcome(ok=True, changed=True, detail=f"{name} done")
+
+            return run
+
+        @activity.defn(name="verify")
+        async def verify(inp: VerifyInput) -> StepOutcome:
+            self.calls.append("verify")
+            return StepOutcome(ok=True, detail="RUNNING on n1,n3")
+
+        return [
+            record_detection,
+            record_event,
+            gather_evidence,
+            attribute,
+            plan,
+            step("isolate"),
+            step("restart"),
+            step("hold"),
+            verify,
+        ]
+
+
+@pytest.fixture
+async def env(temporal_client: Client) -> AsyncIterator[tuple[Client, str]]:
+    yield temporal_client, f"wf-test-{uuid.uuid4().hex[:8]}"
+
+
+async def start(
+    client: Client, queue: str, policy: Policy
+) -> WorkflowHandle[RecoveryWorkflow, RecoveryStatus]:
+    det = Detection(
+        cluster="unit",
+        job_id="7",
+        attempt=0,
+        source=DetectionSource.SCHEDULER,
+        kind="job_state:NODE_FAIL",
+        detected_at=datetime.now(UTC),
+    )
+    return await client.start_workflow(
+        RecoveryWorkflow.run,
+        RecoveryInput(cluster="unit", job_id="7", attempt=0, policy=policy),
+        id=f"relaunch-unit-7-0-{queue}",
+        task_queue=queue,
+        start_signal="detection",
+        start_signal_args=[det],
+    )
+
+
+async def wait_awaiting(handle: WorkflowHandle[RecoveryWorkflow, RecoveryStatus]) -> RecoveryStatus:
+    import asyncio
+
+    for _ in range(100):
+        status = await handle.query(RecoveryWorkflow.status)
+        if status.awaiting_approval:
+            return status
+        await asyncio.sleep(0.1)
+    raise AssertionError("never awaited approval")
+
+
+async def test_monitor_mode_acts_only_after_approval(env: tuple[Client, str]) -> None:
+    client, queue = env
+    fakes = Fakes()
+    async with Worker(
+        client, task_queue=queue, workflows=[RecoveryWorkflow], activities=fakes.activities()
+    ):
+        handle = await start(client, queue, Policy())
+        status = await wait_awaiting(handle)
+        assert status.stage is Stage.AWAITING_APPROVAL and status.plan is not None
+        assert status.approval_deadline is not None
+        assert "isolate" not in fakes.calls and "restart" not in fakes.calls
+        await handle.signal(RecoveryWorkflow.approve, Approval(by="ana", reason="go"))
+        result = await handle.result()
+    assert result.stage is Stage.DONE and result.decided_by == "ana"
+    assert fakes.calls[-3:] == ["isolate", "restart", "verify"]
+    decision = [e for e in fakes.events if e["kind"] == "approval"]
+    assert decision and decision[0]["actor"] == "ana"
+
+
+async def test_rejection_records_who_and_does_nothing(env: tuple[Client, str]) -> None:
+    client, queue = env
+    fakes = Fakes()
+    async with Worker(
+        client, task_queue=queue, workflows=[RecoveryWorkflow], activities=fakes.activities()
+    ):
+        handle = await start(client, queue, Policy())
+        await wait_awaiting(handle)
+        await handle.signal(RecoveryWorkflow.reject, Approval(by="bob", reason="not now"))
+        result = await handle.result()
+    assert result.stage is Stage.REJECTED
+    assert not {"isolate", "restart", "hold"} & set(fakes.calls)
+    rejection = [e for e in fakes.events if e["kind"] == "rejection"]
+    assert rejection[0]["actor"] == "bob" and "not now" in str(rejection[0]["summary"])
+
+
+async def test_expiry_takes_no_action(env: tuple[Client, str]) -> None:
+    client, queue = env
+    fakes = Fakes()
+    async with Worker(
+        client, task_queue=queue, workflows=[RecoveryWorkflow], activities=fakes.activities()
+    ):
+        handle = await start(client, queue, Policy(approval_timeout_s=1))
+        result = await handle.result()
+    assert result.stage is Stage.EXPIRED
+    assert not {"isolate", "restart", "hold"} & set(fakes.calls)
+
+
+async def test_autonomous_acts_and_hold_needs_no_approval(env: tuple[Client, str]) -> None:
+    client, queue = env
+    auto = Fakes(mode=Mode.AUTONOMOUS)
+    held = Fakes(action=Action.HOLD)
+    async with Worker(
+        client, task_queue=queue, workflows=[RecoveryWorkflow], activities=auto.activities()
+    ):
+        assert (await (await start(client, queue, Policy())).result()).stage is Stage.DONE
+    assert auto.calls[-3:] == ["isolate", "restart", "verify"]
+    queue2 = queue + "-hold"
+    async with Worker(
+        client, task_queue=queue2, workflows=[RecoveryWorkflow], activities=held.activities()
+    ):
+        result = await (await start(client, queue2, Policy())).result()
+    assert result.stage is Stage.HELD
+    assert "hold" in held.calls and "isolate" not in held.calls
+
+
+async def test_approval_before_the_recommendation_is_ignored(env: tuple[Client, str]) -> None:
+    client, queue = env
+    fakes = Fakes(action=Action.NONE)
+    async with Worker(
+        client, task_queue=queue, workflows=[RecoveryWorkflow], activities=fakes.activities()
+    ):
+        handle = await start(client, queue, Policy())
+        await handle.signal(RecoveryWorkflow.approve, Approval(by="eager"))
+        result = await handle.result()
+    assert result.stage is Stage.NO_ACTION and result.decided_by is None

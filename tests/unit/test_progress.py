@@ -1,0 +1,109 @@
+"""Progress markers: per-rank steps, checkpoints, resumes, stalls and lagging ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaunch.detection.progress import MEGATRON_PROGRESS_PATTERN, ProgressTracker
+
+
+def feed(
+    tracker: ProgressTracker, ranks: list[int], steps: range, start: float, every: float
+) -> float:
+    """Each rank prints each step, ``every`` seconds apart, with srun -l labels."""
+    now = start
+    for step in steps:
+        for rank in ranks:
+            tracker.observe(f"{rank}: step={step} loss=0.5 rank={rank} node=n{rank + 1}", now)
+        now += every
+    return now - every
+
+
+def test_ranks_from_srun_labels_torch_prefixes_and_fields() -> None:
+    tracker = ProgressTracker()
+    assert tracker.observe("0: step=5 loss=1.0 rank=0 node=n1", 1.0)
+    assert tracker.observe("[rank1]: step=5 loss=1.0", 1.0)
+    assert tracker.observe("step=5 loss=1.0 rank=2 node=n3.cluster.local", 1.0)
+    assert tracker.observe("3: [rank3]: step=5 loss=1.0", 1.0)
+    assert set(tracker.ranks) == {0, 1, 2, 3}
+    assert tracker.rank_nodes == {0: "n1", 2: "n3.cluster.local"}
+
+
+def test_a_repeated_or_older_step_is_not_progress() -> None:
+    tracker = ProgressTracker()
+    assert tracker.observe("0: step=5 loss=1", 1.0)
+    assert not tracker.observe("0: step=5 loss=1", 2.0)
+    assert not tracker.observe("0: step=4 loss=1", 3.0)
+    assert tracker.ranks[0].advanced_at == 1.0
+
+
+def test_checkpoint_and_resume_are_not_progress() -> None:
+    tracker = ProgressTracker()
+    feed(tracker, [0, 1], range(1, 101), start=0.0, every=1.0)
+    assert not tracker.observe("0: checkpoint saved step=100 path=/ckpt/step-100.pt", 101.0)
+    assert tracker.last_checkpoint_step == 100
+    # A requeued attempt resumes and counts again from the checkpoint.
+    assert not tracker.observe("0: resumed from checkpoint step=100", 200.0)
+    assert tracker.resumed_step == 100
+    assert tracker.ranks == {}
+    assert tracker.observe("0: step=101 loss=0.1 rank=0 node=n3", 201.0)
+    assert tracker.max_step == 101
+
+
+def test_resumed_from_reads_the_last_marker() -> None:
+    text = "0: resumed from checkpoint step=50\nstep=51\n0: resumed from checkpoint step=80\n"
+    assert ProgressTracker.resumed_from(text) == 80
+    assert ProgressTracker.resumed_from("step=1\n") is None
+
+
+def test_nothing_is_stalled_before_the_first_marker() -> None:
+    tracker = ProgressTracker()
+    assert not tracker.stalled(10_000.0, 120.0)
+    assert tracker.lagging_ranks(10_000.0, 120.0) == []
+
+
+def test_stall_uses_the_threshold_floor_for_fast_steps() -> None:
+    tracker = ProgressTracker()
+    last = feed(tracker, [0, 1], range(1, 30), start=0.0, every=1.0)
+    assert tracker.median_interval() == 1.0
+    assert not tracker.stalled(last + 119.0, 120.0)
+    assert tracker.stalled(last + 121.0, 120.0)
+
+
+def test_stall_waits_k_step_intervals_for_slow_steps() -> None:
+    tracker = ProgressTracker(k=10)
+    last = feed(tracker, [0], range(1, 10), start=0.0, every=60.0)
+    assert tracker.stall_limit(120.0) == 600.0
+    assert not tracker.stalled(last + 500.0, 120.0)
+    assert tracker.stalled(last + 601.0, 120.0)
+
+
+def test_lagging_ranks_are_those_left_behind() -> None:
+    tracker = ProgressTracker()
+    last = feed(tracker, [0, 1], range(1, 11), start=0.0, every=1.0)
+    # Rank 1's node dies; rank 0 keeps printing.
+    now = feed(tracker, [0], range(11, 200), start=last + 1.0, every=1.0)
+    assert tracker.lagging_ranks(now, 120.0) == [1]
+    assert not tracker.stalled(now, 120.0)
+    # When every rank stops it is a hang, not a laggard.
+    assert tracker.lagging_ranks(now + 500.0, 120.0) == []
+    assert tracker.stalled(now + 500.0, 120.0)
+
+
+def test_custom_pattern_needs_a_step_group() -> None:
+    megatron = ProgressTracker(MEGATRON_PROGRESS_PATTERN)
+    line = "0: [2026-02-02 12:15:29] iteration   589290/  993410 | consumed samples: 1000 |"
+    assert megatron.observe(line, 1.0)
+    assert megatron.max_step == 589290
+    assert (
+        megatron.observe("  successfully saved checkpoint from iteration    1000 to /c", 2) is False
+    )
+    assert megatron.last_checkpoint_step == 1000
+    with pytest.raises(ValueError, match="step"):
+        ProgressTracker(r"iter=(\d+)")
+
+
+def test_the_default_marker_is_the_start_of_the_line() -> None:
+    tracker = ProgressTracker()
+    assert not tracker.observe("0: warming up, next step=5 soon", 1.0)
+    assert tracker.ranks == {}

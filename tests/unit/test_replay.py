@@ -1,0 +1,28 @@
+"""Committed workflow histories replay against today's RecoveryWorkflow. A change to the
+workflow's command sequence that is not behind `workflow.patched(...)` fails here.
+
+Re-record with `RELAUNCH_RECORD_HISTORIES=1 make test` after an intended, versioned change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from relaunch.workflows.recovery import RecoveryWorkflow
+
+HISTORIES = sorted((Path(__file__).resolve().parents[1] / "histories").glob("*.json"))
+
+
+def test_histories_are_committed() -> None:
+    names = {p.stem for p in HISTORIES}
+    assert {"autonomous_node_failure", "monitor_approved", "application_held"} <= names
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_replay(path: Path) -> None:
+    replayer = Replayer(workflows=[RecoveryWorkflow], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(WorkflowHistory.from_json(path.stem, path.read_text()))

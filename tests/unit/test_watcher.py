@@ -1,0 +1,393 @@
+"""The watcher against a fake scheduler (real Job/Node models) and real log files."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from relaunch.connectors.logs import FileTail
+from relaunch.detection.signatures import Catalogue, SignatureMatch
+from relaunch.models.errors import ControllerUnavailableError
+from relaunch.models.recovery import Detection, DetectionSource
+from relaunch.models.scheduler import Job, JobState, Node, NodeState
+from relaunch.workers.watcher import WatchConfig, Watcher
+
+T0 = datetime(2026, 2, 20, 9, 0, 0, tzinfo=UTC)
+XID_79 = "[155044.078590] NVRM: Xid (PCI:0000:06:00): 79, GPU has fallen off the bus.\n"
+
+
+class FakeScheduler:
+    """Returns the jobs and nodes a test sets, and counts the calls."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.nodes: list[Node] = [Node(name=n, state=NodeState.ALLOCATED) for n in ("n1", "n2")]
+        self.calls: Counter[str] = Counter()
+        self.failures: list[Exception] = []
+
+    async def list_jobs(self) -> list[Job]:
+        self.calls["list_jobs"] += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return [job.model_copy(deep=True) for job in self.jobs]
+
+    async def list_nodes(self) -> list[Node]:
+        self.calls["list_nodes"] += 1
+        return [node.model_copy(deep=True) for node in self.nodes]
+
+    def set_node(self, name: str, **changes: object) -> None:
+        self.nodes = [n.model_copy(update=changes) if n.name == name else n for n in self.nodes]
+
+    def set_job(self, **changes: object) -> None:
+        self.jobs = [job.model_copy(update=changes) for job in self.jobs]
+
+
+class SpyCatalogue(Catalogue):
+    """The real catalogue, remembering every line it was asked to scan."""
+
+    def __init__(self) -> None:
+        super().__init__(Catalogue.load().signatures)
+        self.scanned: list[str] = []
+
+    def scan_lines(
+        self, lines: Iterable[tuple[int, str]], *, source: str, source_node: str | None = None
+    ) -> list[SignatureMatch]:
+        numbered = list(lines)
+        self.scanned.extend(text for _, text in numbered)
+        return super().scan_lines(numbered, source=source, source_node=source_node)
+
+
+async def ignore(_: Detection) -> None:
+    return None
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    return tmp_path / "job-101.out"
+
+
+@pytest.fixture
+def scheduler(log: Path) -> FakeScheduler:
+    fake = FakeScheduler()
+    fake.jobs = [
+        Job(
+            job_id="101",
+            state=JobState.RUNNING,
+            partition="debug",
+            comment="relaunch=on",
+            nodes=["n1", "n2"],
+            num_tasks=2,
+            stdout_path=str(log),
+            stderr_path=str(log),
+        )
+    ]
+    return fake
+
+
+def make_watcher(scheduler: FakeScheduler, tmp_path: Path, **config: object) -> Watcher:
+    settings: dict[str, object] = {
+        "cluster": "dev",
+        "node_log_pattern": str(tmp_path / "nodes" / "{node}" / "kern.log"),
+    }
+    settings.update(config)
+    return Watcher(WatchConfig.model_validate(settings), scheduler, ignore)
+
+
+def append(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(text)
+
+
+def kinds(found: list[Detection]) -> list[str]:
+    return [d.kind for d in found]
+
+
+async def test_abnormal_end_is_reported_once(scheduler: FakeScheduler, tmp_path: Path) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []
+    scheduler.set_job(state=JobState.NODE_FAIL, end_time=T0)
+    (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
+    assert (found.kind, found.source, found.attempt) == (
+        "job_state:NODE_FAIL",
+        DetectionSource.SCHEDULER,
+        0,
+    )
+    assert found.workflow_id == "relaunch-dev-101-0"
+    assert found.detected_at == T0 + timedelta(seconds=1)
+    assert found.fault_time == T0
+    assert await watcher.poll_once(T0 + timedelta(seconds=2)) == []
+
+
+async def test_requeue_by_slurm_names_the_interrupted_attempt(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    scheduler.set_job(state=JobState.PENDING, restart_count=1, nodes=[])
+    (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
+    assert (found.kind, found.attempt) == ("job_state:REQUEUED", 0)
+    assert await watcher.poll_once(T0 + timedelta(seconds=2)) == []
+
+
+async def test_node_down_and_not_responding(scheduler: FakeScheduler, tmp_path: Path) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    scheduler.set_node("n2", flags=["NOT_RESPONDING"], reason="Not responding")
+    (found,) = await watcher.poll_once(T0)
+    assert (found.kind, found.nodes) == ("node_state:NOT_RESPONDING", ["n2"])
+    scheduler.set_node("n2", state=NodeState.DOWN)
+    (found,) = await watcher.poll_once(T0)
+    assert (found.kind, found.nodes, found.attempt) == ("node_state:DOWN", ["n2"], 0)
+    assert "Not responding" in found.text
+
+
+async def test_a_foreign_drain_is_reported_and_ours_is_not(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    scheduler.set_node("n1", flags=["DRAIN"], reason="relaunch: xid_79 incident dev-101-0")
+    scheduler.set_node("n2", flags=["DRAIN"], reason="admin: bad fan")
+    (found,) = await watcher.poll_once(T0)
+    assert (found.kind, found.nodes) == ("node_state:DRAIN", ["n2"])
+    assert await watcher.poll_once(T0) == []
+
+
+async def test_a_node_already_draining_when_first_seen_is_not_news(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    scheduler.set_node("n2", flags=["DRAIN"], reason="maintenance after this job")
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []
+
+
+async def test_only_appended_bytes_are_read(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    catalogue = SpyCatalogue()
+    watcher = Watcher(WatchConfig(cluster="dev"), scheduler, ignore, catalogue=catalogue)
+    append(log, "0: step=1 loss=1 rank=0 node=n1\n1: step=1 loss=1 rank=1 node=n2\n")
+    assert await watcher.poll_once(T0) == []
+    assert watcher.log_offsets("101") == {str(log): log.stat().st_size}
+    assert len(catalogue.scanned) == 2
+    # A signature arrives between polls, its line first without its newline.
+    append(log, "1: RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    assert await watcher.poll_once(T0) == []
+    append(log, "\n0: step=2 loss=1 rank=0 node=n1\n")
+    (found,) = await watcher.poll_once(T0)
+    assert catalogue.scanned[2:] == [
+        "1: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "0: step=2 loss=1 rank=0 node=n1",
+    ]
+    assert watcher.log_offsets("101") == {str(log): log.stat().st_size}
+    assert (found.source, found.kind, found.signature) == (
+        DetectionSource.JOB_LOG,
+        "signature:cuda_ecc",
+        "cuda_ecc",
+    )
+    assert found.nodes == ["n2"]  # srun task 1 of one task per node
+    assert found.text.startswith("1: RuntimeError")
+
+
+async def test_cascades_are_reported_without_blaming_the_reporter(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    gloo = (
+        "0: [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "pair.cc:553] Connection closed by peer [127.0.0.1]:8616.\n"
+    )
+    append(log, gloo + "0: [rank0]: Traceback (most recent call last):\n")
+    (found,) = await watcher.poll_once(T0)
+    assert (found.kind, found.nodes) == ("signature:gloo_connection_lost", [])
+
+
+async def test_teardown_lines_are_not_reported(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    append(log, "srun: error: n1: task 0: Exited with exit code 1\n")
+    assert await watcher.poll_once(T0) == []
+
+
+async def test_slurm_lines_carry_their_own_time(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    line = (
+        "slurmstepd: error: *** JOB 101 ON n1 CANCELLED AT 2026-02-20T09:10:13 DUE TO TIME "
+        "LIMIT ***\n"
+    )
+    append(log, line)
+    (found,) = await watcher.poll_once(T0)
+    assert found.kind == "signature:slurm_time_limit"
+    assert found.fault_time == datetime(2026, 2, 20, 9, 10, 13).astimezone(UTC)
+
+
+async def test_kernel_log_xid_on_one_node(scheduler: FakeScheduler, tmp_path: Path) -> None:
+    n1_log = tmp_path / "nodes" / "n1" / "kern.log"
+    n2_log = tmp_path / "nodes" / "n2" / "kern.log"
+    append(n1_log, XID_79)  # before the job was watched: not this job's problem
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []
+    append(n2_log, "[155044.070000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n" + XID_79)
+    (found,) = await watcher.poll_once(T0)
+    assert (found.source, found.kind, found.signature, found.nodes) == (
+        DetectionSource.NODE_LOG,
+        "signature:xid_79",
+        "xid_79",
+        ["n2"],
+    )
+    assert watcher.log_offsets("101")[str(n2_log)] == n2_log.stat().st_size
+    append(n2_log, XID_79)
+    assert await watcher.poll_once(T0) == []  # same attempt, same kind, same node
+
+
+async def test_hang_after_the_threshold(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path, hang_threshold_s=120)
+    for second in range(5):
+        append(log, f"0: step={second} loss=1 rank=0 node=n1\n1: step={second} loss=1 rank=1\n")
+        assert await watcher.poll_once(T0 + timedelta(seconds=second)) == []
+    last_progress = T0 + timedelta(seconds=4)
+    assert await watcher.poll_once(last_progress + timedelta(seconds=119)) == []
+    (found,) = await watcher.poll_once(last_progress + timedelta(seconds=121))
+    assert (found.source, found.kind, found.nodes) == (DetectionSource.PROGRESS, "hang", [])
+    assert found.fault_time == last_progress
+    assert await watcher.poll_once(last_progress + timedelta(seconds=300)) == []
+
+
+async def test_a_rank_left_behind_names_its_node(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path, hang_threshold_s=30)
+    for second in range(60):
+        line = f"0: step={second} loss=1 rank=0 node=n1\n"
+        if second < 10:
+            line += f"1: step={second} loss=1 rank=1 node=n2\n"
+        append(log, line)
+        found = await watcher.poll_once(T0 + timedelta(seconds=second))
+        if found:
+            break
+    assert (found[0].kind, found[0].nodes) == ("progress_stalled_rank", ["n2"])
+    assert second == 40  # rank 1 last advanced at 9 s: over 30 s later it lags
+
+
+async def test_unwatched_jobs_are_ignored(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    scheduler.set_job(comment="", state=JobState.FAILED)
+    watcher = make_watcher(scheduler, tmp_path, partitions=["gpu"])
+    assert await watcher.poll_once(T0) == []
+    assert scheduler.calls == {"list_jobs": 1}  # no running watched job: no node read
+    assert watcher.stats.watched_jobs == 0
+    # The partition allowlist watches it without a comment...
+    scheduler.set_job(partition="gpu")
+    assert kinds(await watcher.poll_once(T0)) == ["job_state:FAILED"]
+    # ...and relaunch=off always opts out.
+    scheduler.set_job(comment="relaunch=off")
+    assert not watcher.watches(scheduler.jobs[0])
+    opted_out = make_watcher(scheduler, tmp_path, partitions=["gpu"], opt_in_comment=False)
+    scheduler.set_job(partition="debug", comment="relaunch=on")
+    assert await opted_out.poll_once(T0) == []
+
+
+async def test_one_batched_read_of_each_kind_per_poll(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    second = scheduler.jobs[0].model_copy(update={"job_id": "102", "stdout_path": ""})
+    scheduler.jobs.append(second)
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    await watcher.poll_once(T0)
+    assert scheduler.calls == {"list_jobs": 2, "list_nodes": 2}
+    assert watcher.stats.polls == 2
+    assert watcher.stats.watched_jobs == 2
+
+
+async def test_jobs_gone_from_squeue_are_forgotten(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    append(log, "0: step=1 loss=1\n")
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    assert watcher.log_offsets("101")
+    scheduler.jobs = []
+    await watcher.poll_once(T0)
+    assert watcher.log_offsets("101") == {}
+
+
+async def test_a_requeued_job_keeps_its_offset_and_old_lines_stay_old(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    append(log, "1: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    scheduler.set_job(restart_count=2)  # first seen on its third attempt
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []  # earlier attempts' lines are not this attempt's
+    scheduler.set_job(state=JobState.PENDING, restart_count=3)
+    append(log, "0: resumed from checkpoint step=40\n")
+    assert kinds(await watcher.poll_once(T0)) == ["job_state:REQUEUED"]
+    assert watcher.log_offsets("101")[str(log)] == log.stat().st_size
+    scheduler.set_job(state=JobState.RUNNING)
+    append(log, "0: RuntimeError: loss is nan\n")
+    (found,) = await watcher.poll_once(T0)
+    assert (found.kind, found.attempt, found.nodes) == ("signature:python_exception", 3, ["n1"])
+
+
+async def test_run_survives_a_controller_outage_and_retries_delivery(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    scheduler.failures = [ControllerUnavailableError("slurmctld down")]
+    scheduler.set_job(state=JobState.FAILED)
+    delivered: list[Detection] = []
+    stop = asyncio.Event()
+    attempts = 0
+
+    async def deliver(detection: Detection) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise ConnectionError("temporal briefly away")
+        delivered.append(detection)
+        stop.set()
+
+    config = WatchConfig(cluster="dev", poll_interval_s=0.01)
+    watcher = Watcher(config, scheduler, deliver)
+    await asyncio.wait_for(watcher.run(stop), timeout=5)
+    assert kinds(delivered) == ["job_state:FAILED"]
+    assert watcher.stats.errors == 1
+    assert "slurmctld down" in watcher.stats.last_error
+
+
+def test_file_tail_reads_new_bytes_and_survives_truncation(tmp_path: Path) -> None:
+    path = tmp_path / "out.log"
+    tail = FileTail(path, max_read=8)
+    assert tail.read() == b""  # not there yet
+    path.write_bytes(b"0123456789abc")
+    assert tail.read() == b"01234567"
+    assert tail.read() == b"89abc"
+    assert tail.read() == b""
+    path.write_bytes(b"new")  # truncated and rewritten
+    assert tail.read() == b"new"
+    assert tail.truncations == 1
+    replacement = tmp_path / "rotated"
+    replacement.write_bytes(b"fresh file, longer than before")
+    replacement.replace(path)
+    assert tail.read() == b"fresh fi"
+    assert tail.truncations == 2
+    assert FileTail.at_end(path).read() == b""
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="node"):
+        WatchConfig(cluster="dev", node_log_pattern="/var/log/kern.log")
+    with pytest.raises(ValueError):
+        WatchConfig(cluster="dev", poll_interval_s=5)
