@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench-adapter up down status clean
+.PHONY: deps demo test test-unit test-quick lint typecheck bench-adapter bench-recovery up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -28,6 +28,9 @@ typecheck: deps
 
 bench-adapter: deps
 	$(PY) bench/adapter.py
+
+bench-recovery: deps
+	$(PY) bench/recovery.py
 
 up: deps
 	$(VENV)/bin/relaunch dev up

@@ -135,7 +135,8 @@ async def bench(runs: int) -> None:
     stack = Stack(root / "state", StackConfig.with_free_ports(cluster="bench", services=False))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        stack.up(progress=lambda m: print(f"… {m}", flush=True))
+        # Stack.up polls Slurm with its own event loop: run it off this one.
+        await asyncio.to_thread(stack.up, lambda m: print(f"… {m}", flush=True))
         cfg = stack.cluster_config().model_copy(
             update={
                 "policy": Policy(

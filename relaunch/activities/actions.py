@@ -85,16 +85,31 @@ class ActionActivities:
         )
         await self._audit_action(inp.incident_id, "restart", result)
         detail = result.note or "requeued"
-        activity.heartbeat("exclude")
         if plan.exclude_nodes:
-            try:
-                excluded = await sched.exclude_nodes(job.job_id, plan.exclude_nodes)
-                await self._audit_action(inp.incident_id, "exclude", excluded)
-            except InvalidStateError:
-                # Already running again (eligible at once): the drained nodes are off-limits
-                # to the scheduler anyway, so exclusion is a belt on top of the braces.
-                detail += "; job already running again, exclusion not needed"
+            detail += "; " + await self._exclude_when_pending(inp, job.job_id)
         return StepOutcome(ok=True, changed=result.changed, detail=detail)
+
+    async def _exclude_when_pending(self, inp: ActInput, job_id: str) -> str:
+        """Exclude the culprits once the requeued job is pending again. Right after a requeue
+        it is still COMPLETING; if it is already running again, the drained nodes were
+        off-limits to the scheduler anyway."""
+        sched, nodes = self.deps.scheduler, inp.plan.exclude_nodes
+        deadline = time.monotonic() + 60
+        while True:
+            activity.heartbeat("waiting for the requeued job to be pending")
+            job = await sched.get_job(job_id)
+            if job.state is JobState.PENDING:
+                try:
+                    result = await sched.exclude_nodes(job_id, nodes)
+                except InvalidStateError:
+                    continue  # it started between the read and the update: look again
+                await self._audit_action(inp.incident_id, "exclude", result)
+                return f"excluded {','.join(nodes)}"
+            if job.state is JobState.RUNNING:
+                return f"already running again on {','.join(job.nodes)}"
+            if job.state.is_terminal or time.monotonic() > deadline:
+                return f"not excluded ({job.state.value}); drained nodes take no new work"
+            await asyncio.sleep(0.3)
 
     @activity.defn(name="hold")
     @typed_errors

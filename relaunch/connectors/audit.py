@@ -12,13 +12,21 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field
 
+from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import AuditRecord
+
+
+class AuditUnavailableError(RelaunchError):
+    """The audit database does not answer."""
+
+    retryable = True
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -108,13 +116,22 @@ class AuditStore:
         self._pool = pool
 
     @classmethod
-    async def open(cls, database_url: str, *, max_size: int = 4) -> AuditStore:
+    async def open(
+        cls, database_url: str, *, max_size: int = 4, timeout: float = 15.0
+    ) -> AuditStore:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             database_url, min_size=1, max_size=max_size, open=False, kwargs={"autocommit": True}
         )
-        await pool.open(wait=True, timeout=30)
-        async with pool.connection() as conn:
-            await migrate(conn)
+        try:
+            await pool.open(wait=True, timeout=timeout)
+            async with pool.connection() as conn:
+                await migrate(conn)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            await pool.close()
+            raise AuditUnavailableError(
+                "cannot reach the audit database",
+                hint="is PostgreSQL running (`relaunch dev status`), and is database_url right?",
+            ) from exc
         return cls(pool)
 
     async def close(self) -> None:
@@ -164,6 +181,7 @@ class AuditStore:
     async def incidents(
         self,
         *,
+        cluster: str | None = None,
         job_id: str | None = None,
         node: str | None = None,
         since: datetime | None = None,
@@ -171,6 +189,9 @@ class AuditStore:
     ) -> list[IncidentRow]:
         where: list[str] = ["true"]
         args: list[object] = []
+        if cluster:
+            where.append("i.cluster = %s")
+            args.append(cluster)
         if job_id:
             where.append("i.job_id = %s")
             args.append(job_id)

@@ -67,6 +67,10 @@ def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
+# The pool logs each failed connection attempt; the CLI reports the outcome in one line instead.
+logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+
+
 def register(cli: click.Group) -> None:
     @cli.command("worker")
     @config_options
@@ -79,7 +83,10 @@ def register(cli: click.Group) -> None:
         except RelaunchError as exc:
             _fail(exc)
         _logging()
-        asyncio.run(run_worker(config))
+        try:
+            asyncio.run(run_worker(config))
+        except RelaunchError as exc:
+            _fail(exc)
 
     @cli.command("watch")
     @config_options
@@ -92,7 +99,10 @@ def register(cli: click.Group) -> None:
         except RelaunchError as exc:
             _fail(exc)
         _logging()
-        asyncio.run(run_watch(config))
+        try:
+            asyncio.run(run_watch(config))
+        except RelaunchError as exc:
+            _fail(exc)
 
     def _decide(decision: str, incident: str, by: str, reason: str, config: ClusterConfig) -> None:
         from relaunch.workers import recovery_client
@@ -160,7 +170,8 @@ def register(cli: click.Group) -> None:
         """List incidents from the audit trail, newest first."""
 
         async def go() -> list[IncidentRow]:
-            store = await AuditStore.open(load_config(config_path, cluster, state_dir).database_url)
+            config = load_config(config_path, cluster, state_dir)
+            store = await AuditStore.open(config.database_url, timeout=5)
             try:
                 return await store.incidents(
                     job_id=job,
@@ -194,7 +205,7 @@ def register(cli: click.Group) -> None:
 
         async def go() -> tuple[ClusterConfig, list[StoredEvent]]:
             config = load_config(config_path, cluster, state_dir)
-            store = await AuditStore.open(config.database_url)
+            store = await AuditStore.open(config.database_url, timeout=5)
             try:
                 return config, await store.events(incident)
             finally:

@@ -22,6 +22,7 @@ from relaunch.activities.evidence import EvidenceActivities
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.models.config import ClusterConfig
+from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import task_queue
 from relaunch.workflows.recovery import RecoveryWorkflow
 
@@ -45,12 +46,24 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
     ]
 
 
+class TemporalUnavailableError(RelaunchError):
+    """The Temporal frontend does not answer."""
+
+    retryable = True
+
+
 async def connect(config: ClusterConfig) -> Client:
-    return await Client.connect(
-        config.temporal_address,
-        namespace=config.temporal_namespace,
-        data_converter=pydantic_data_converter,
-    )
+    try:
+        return await Client.connect(
+            config.temporal_address,
+            namespace=config.temporal_namespace,
+            data_converter=pydantic_data_converter,
+        )
+    except RuntimeError as exc:  # the SDK's "Failed client connect"
+        raise TemporalUnavailableError(
+            f"cannot reach Temporal at {config.temporal_address}",
+            hint="is the Temporal server running (`relaunch dev status`)?",
+        ) from exc
 
 
 def build_worker(client: Client, deps: Deps, *, queue: str | None = None) -> Worker:

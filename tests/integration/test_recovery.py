@@ -3,6 +3,7 @@ training job; a real worker and watcher in their own processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -33,6 +34,7 @@ from tests.integration.harness import Harness
 from tests.integration.helpers import wait_job
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
+RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
 MakeHarness = Callable[[Policy], Harness]
 
 
@@ -105,6 +107,17 @@ async def test_autonomous_node_failure_recovers_on_healthy_nodes(make_harness: M
     stages = [e.stage for e in await h.events(incident, "stage")]
     assert stages[0] == "gathering" and stages[-1] == "done"
     await save_history(h, incident, "autonomous_node_failure")
+
+    # What an operator reads afterwards.
+    cfg = ["--config", str(h.config_path)]
+    listed = subprocess.run([*RELAUNCH, "incidents", "--json", "--node", culprit, *cfg],
+                            capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [(r["id"], r["stage"], r["nodes"]) for r in rows] == [(incident, "done", [culprit])]
+    shown = subprocess.run([*RELAUNCH, "show", incident, *cfg],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"drain {culprit}: done" in shown and "verify" in shown
+    assert f"/workflows/{incident}" in shown
 
 
 async def test_monitor_waits_then_approval_by_temporal_cli_recovers(
@@ -208,8 +221,6 @@ async def test_monitor_rejection_and_expiry_take_no_action(make_harness: MakeHar
     assert not await actions(h2, incident2, "drain")
     assert (await h2.sched.get_job(job2)).restart_count == 0
 
-
-RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
 
 
 async def test_application_error_is_held_without_drain(make_harness: MakeHarness) -> None:
