@@ -44,6 +44,9 @@ class RecordDetectionInput(BaseModel):
 
 class RecordEventInput(BaseModel):
     incident_id: str
+    cluster: str | None = None
+    job_id: str | None = None
+    attempt: int | None = None
     kind: str
     summary: str
     stage: str | None = None
@@ -53,16 +56,29 @@ class RecordEventInput(BaseModel):
     dedupe: str | None = None
 
 
-def _tail(path: Path, limit: int) -> str:
+def _tail(path: Path, limit: int, start: int = 0) -> str:
+    """At most ``limit`` bytes from the end of the file, never before ``start``."""
     try:
         with open(path, "rb") as fh:
             size = fh.seek(0, 2)
-            fh.seek(max(0, size - limit))
+            begin = max(start if start <= size else 0, size - limit)
+            fh.seek(begin)
             data = fh.read()
     except OSError:
         return ""
     text = data.decode(errors="replace")
-    return text if len(data) < limit else text.split("\n", 1)[-1]
+    return text if begin == start or begin == 0 else text.split("\n", 1)[-1]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def _since(text: str, start: datetime | None) -> str:
@@ -108,6 +124,10 @@ class EvidenceActivities:
     @activity.defn(name="record_event")
     @typed_errors
     async def record_event(self, inp: RecordEventInput) -> bool:
+        if inp.cluster and inp.job_id and inp.attempt is not None:
+            await self.deps.audit.ensure_incident(
+                inp.incident_id, inp.cluster, inp.job_id, inp.attempt
+            )
         return await self.deps.audit_row(
             inp.incident_id,
             inp.kind,
@@ -128,10 +148,14 @@ class EvidenceActivities:
         allocated = [by_name[n] for n in job.nodes if n in by_name]
         alive = await asyncio.gather(*(sched.probe_node(n) for n in allocated))
         unreachable = [n.name for n, ok in zip(allocated, alive, strict=True) if not ok]
-        logs = [_tail(Path(job.stdout_path), LOG_TAIL_BYTES)] if job.stdout_path else []
+        # With JobFileAppend a requeued job's log holds every attempt; an earlier attempt's
+        # lines were that attempt's evidence, not this one's.
+        start = await self._attempt_log_start(inp, job.stdout_path)
+        logs = [_tail(Path(job.stdout_path), LOG_TAIL_BYTES, start)] if job.stdout_path else []
         if job.stderr_path and job.stderr_path != job.stdout_path:
             logs.append(_tail(Path(job.stderr_path), LOG_TAIL_BYTES))
         job_log = "\n".join(logs)
+        log_size = _size(Path(job.stdout_path)) if job.stdout_path else 0
         node_logs: dict[str, str] = {}
         pattern = self.deps.config.node_log_pattern
         for node in job.nodes:
@@ -169,6 +193,7 @@ class EvidenceActivities:
                 restart_count=job.restart_count,
                 stdout_path=job.stdout_path,
                 last_checkpoint_step=int(checkpoints[-1]) if checkpoints else None,
+                max_restarts=_int_or_none(job.comment_fields.get("max_restarts")),
             ),
             node_states=bundle_job.node_states,
             unreachable_nodes=unreachable,
@@ -181,6 +206,9 @@ class EvidenceActivities:
             nodes=job.nodes,
             data={
                 "bundle_path": str(path),
+                "log_path": job.stdout_path,
+                "log_start": start,
+                "log_size": log_size,
                 "job": job.model_dump(mode="json"),
                 "node_states": bundle_job.node_states,
                 "unreachable_nodes": unreachable,
@@ -251,6 +279,21 @@ class EvidenceActivities:
                 data=guard.model_dump(mode="json"),
             )
         return plan
+
+    async def _attempt_log_start(self, inp: GatherInput, log_path: str) -> int:
+        """Where this attempt's output starts in the job log: after what the evidence of the
+        job's earlier attempts already covered (0 when there is no earlier record)."""
+        if inp.attempt == 0 or not log_path:
+            return 0
+        start = 0
+        for row in await self.deps.audit.incidents(cluster=inp.cluster, job_id=inp.job_id):
+            if row.attempt >= inp.attempt:
+                continue
+            for event in await self.deps.audit.events(row.id):
+                size = event.data.get("log_size")
+                if event.kind == "evidence" and event.data.get("log_path") == log_path:
+                    start = max(start, size if isinstance(size, int) else 0)
+        return start
 
     async def _lineage(self, job_id: str) -> list[str]:
         """This job and the jobs it was resubmitted from (relaunch_parent in the comment)."""

@@ -28,6 +28,7 @@ class AuditUnavailableError(RelaunchError):
 
     retryable = True
 
+
 MIGRATIONS: list[tuple[int, str]] = [
     (
         1,

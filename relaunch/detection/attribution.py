@@ -103,8 +103,19 @@ def attribute_bundle(bundle: Bundle, catalogue: Catalogue | None = None) -> Verd
             + (f" ({job.node_states.get(dead[0], 'unreachable')})" if dead else ""),
         )
 
-    # 3. Scheduler outcomes that are nobody's fault.
+    # 3. Scheduler outcomes that are nobody's fault. A cancelled job was cancelled by someone
+    #    (a node failure shows as NODE_FAIL): whatever else its log says, it is not restarted.
     state = job.state.upper()
+    if state == "CANCELLED":
+        return Verdict(
+            category=Category.USER_CANCEL,
+            confidence=0.9,
+            action=default_action(Category.USER_CANCEL, []),
+            evidence=[_evidence(m, src) for m, src in roots if m.signature.startswith("slurm_")][
+                :3
+            ],
+            summary="job cancelled",
+        )
     if state in _STATE_CATEGORIES:
         category = _STATE_CATEGORIES[state]
         return Verdict(
@@ -137,13 +148,6 @@ def attribute_bundle(bundle: Bundle, catalogue: Catalogue | None = None) -> Verd
             action=default_action(category, []),
             evidence=[_evidence(m, src) for m, src in other[:10]],
             summary=best.text[:160],
-        )
-    if state == "CANCELLED":
-        return Verdict(
-            category=Category.USER_CANCEL,
-            confidence=0.7,
-            action=default_action(Category.USER_CANCEL, []),
-            summary="job cancelled",
         )
     return Verdict(
         category=Category.UNKNOWN,

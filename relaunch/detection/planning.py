@@ -77,12 +77,15 @@ def make_plan(
         reasons.append("unknown cause for the second time: hold for a human")
 
     if action in {Action.ISOLATE_AND_RESTART, Action.RESTART}:
-        budget_ok = history.restarts_in_window < policy.restart_budget
+        budget = policy.restart_budget
+        if job.max_restarts is not None:  # the job may ask for fewer, never for more
+            budget = min(budget, job.max_restarts)
+        budget_ok = history.restarts_in_window < budget
         guards.append(
             GuardDecision(
                 guard="restart_budget",
                 allowed=budget_ok,
-                detail=f"{history.restarts_in_window} of {policy.restart_budget} restarts used "
+                detail=f"{history.restarts_in_window} of {budget} restarts used "
                 f"in {policy.budget_window_hours:g} h",
             )
         )

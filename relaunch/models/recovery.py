@@ -153,6 +153,10 @@ class JobSnapshot(BaseModel):
     restart_count: int = 0
     stdout_path: str = ""
     last_checkpoint_step: int | None = None
+    max_restarts: int | None = Field(
+        default=None,
+        description="the job's own budget, from `--comment relaunch=on,max_restarts=N`",
+    )
 
 
 class GatherInput(BaseModel):

@@ -98,6 +98,7 @@ async def call(name: str, arg: object, result_type: type[T], policy: CallPolicy,
 class RecoveryWorkflow:
     def __init__(self) -> None:
         self._incident = ""
+        self._input: RecoveryInput | None = None
         self._stage = Stage.GATHERING
         self._mode: Mode | None = None
         self._verdict: Verdict | None = None
@@ -186,6 +187,9 @@ class RecoveryWorkflow:
             "record_event",
             {
                 "incident_id": self._incident,
+                "cluster": self._input.cluster if self._input else None,
+                "job_id": self._input.job_id if self._input else None,
+                "attempt": self._input.attempt if self._input else None,
                 "kind": kind,
                 "summary": summary,
                 "stage": stage,
@@ -210,6 +214,7 @@ class RecoveryWorkflow:
     @workflow.run
     async def run(self, inp: RecoveryInput) -> RecoveryStatus:
         self._incident = recovery_workflow_id(inp.cluster, inp.job_id, inp.attempt)
+        self._input = inp
         policy = inp.policy
         workflow.upsert_search_attributes(
             [SA_CLUSTER.value_set(inp.cluster), SA_JOB.value_set(inp.job_id)]

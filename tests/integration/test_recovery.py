@@ -110,12 +110,17 @@ async def test_autonomous_node_failure_recovers_on_healthy_nodes(make_harness: M
 
     # What an operator reads afterwards.
     cfg = ["--config", str(h.config_path)]
-    listed = subprocess.run([*RELAUNCH, "incidents", "--json", "--node", culprit, *cfg],
-                            capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [*RELAUNCH, "incidents", "--json", "--node", culprit, *cfg],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert [(r["id"], r["stage"], r["nodes"]) for r in rows] == [(incident, "done", [culprit])]
-    shown = subprocess.run([*RELAUNCH, "show", incident, *cfg],
-                           capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(
+        [*RELAUNCH, "show", incident, *cfg], capture_output=True, text=True, check=True
+    ).stdout
     assert f"drain {culprit}: done" in shown and "verify" in shown
     assert f"/workflows/{incident}" in shown
 
@@ -220,7 +225,6 @@ async def test_monitor_rejection_and_expiry_take_no_action(make_harness: MakeHar
     assert rows and rows[0].actor == "bob" and "known flaky sensor" in rows[0].summary
     assert not await actions(h2, incident2, "drain")
     assert (await h2.sched.get_job(job2)).restart_count == 0
-
 
 
 async def test_application_error_is_held_without_drain(make_harness: MakeHarness) -> None:

@@ -101,3 +101,9 @@ def test_time_limit_and_cancel_take_no_action(tmp_path: Path) -> None:
 def test_cascade_alone_is_unknown(tmp_path: Path) -> None:
     v = attribute_bundle(read_bundle(bundle(tmp_path, GLOO + "\n", state="FAILED")))
     assert v.category is Category.UNKNOWN and v.culprit_nodes == []
+
+
+def test_cancelled_job_is_a_user_cancel_whatever_its_log_says(tmp_path: Path) -> None:
+    log = "srun: error: n4: task 1: Killed\n" + GLOO + "\n"
+    v = attribute_bundle(read_bundle(bundle(tmp_path, log, state="CANCELLED")))
+    assert v.category is Category.USER_CANCEL and v.action.value == "none"

@@ -106,3 +106,23 @@ def test_mode_overrides_category_then_partition() -> None:
     )
     assert plan(Category.GPU_HARDWARE, ["n2"], policy).mode is Mode.AUTONOMOUS
     assert plan(Category.NETWORK, ["n2"], policy).mode is Mode.MONITOR
+
+
+def test_job_comment_can_lower_the_budget_but_not_raise_it() -> None:
+    low = EVIDENCE.model_copy(update={"job": EVIDENCE.job.model_copy(update={"max_restarts": 1})})
+    high = EVIDENCE.model_copy(update={"job": EVIDENCE.job.model_copy(update={"max_restarts": 9})})
+    verdict = Verdict(category=Category.NETWORK, culprit_nodes=["n2"], action=Action.NONE)
+    history = PlanHistory(partition_size=40, restarts_in_window=1)
+    assert (
+        make_plan(
+            request_id="r", verdict=verdict, evidence=low, policy=Policy(), history=history
+        ).action
+        is Action.HOLD
+    )
+    three = PlanHistory(partition_size=40, restarts_in_window=3)
+    assert (
+        make_plan(
+            request_id="r", verdict=verdict, evidence=high, policy=Policy(), history=three
+        ).action
+        is Action.HOLD
+    )

@@ -302,7 +302,12 @@ class SlurmCli:
         """Add ``nodes`` to a pending job's excluded list (keeping the user's own exclusions)."""
         job_id = names.job_id(job_id)
         wanted = [names.node_name(n) for n in nodes]
-        before = await self.get_job(job_id)
+        # Right after a requeue the job is COMPLETING for a moment before it is pending again.
+        before = await self._until(
+            lambda: self.get_job(job_id),
+            lambda j: j.state is not JobState.COMPLETING,
+            f"job {job_id} to finish completing",
+        )
         missing = [n for n in wanted if n not in before.excluded_nodes]
         if not missing:
             return self._job_result(
