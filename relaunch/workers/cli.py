@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Coroutine
@@ -303,10 +304,27 @@ cli_recovery.register(cli)
 
 
 def main() -> None:
+    """Entry point. Ends with ``os._exit``: the Temporal client's Rust runtime keeps threads that
+    can crash CPython's finalisation of a short-lived process (temporalio/sdk-python#300)."""
+    code = 0
     try:
-        cli(standalone_mode=True)
+        result = cli.main(standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        code = 1
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
     except RelaunchError as exc:  # anything not caught closer to its command
-        _fail(exc)
+        click.echo(f"error: {exc}", err=True)
+        code = EX_TEMPFAIL if exc.retryable else 1
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,9 @@ def _logging() -> None:
 logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
 
+PAST = {"approve": "approved", "reject": "rejected"}
+
+
 def register(cli: click.Group) -> None:
     @cli.command("worker")
     @config_options
@@ -114,7 +117,7 @@ def register(cli: click.Group) -> None:
                 client, incident, decision, Approval(by=by, reason=reason)
             )
             plan = before.plan
-            click.echo(f"{decision}d {incident} as {by}")
+            click.echo(f"{PAST[decision]} {incident} as {by}")
             if plan is not None and decision == "approve":
                 click.echo(
                     f"  plan: {plan.action.value}"
@@ -174,6 +177,7 @@ def register(cli: click.Group) -> None:
             store = await AuditStore.open(config.database_url, timeout=5)
             try:
                 return await store.incidents(
+                    cluster=config.name,
                     job_id=job,
                     node=node,
                     since=since.replace(tzinfo=since.tzinfo or UTC) if since else None,

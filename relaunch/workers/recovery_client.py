@@ -21,8 +21,8 @@ from relaunch.workflows.recovery import RecoveryWorkflow
 
 async def start_or_join(client: Client, config: ClusterConfig, det: Detection) -> bool:
     """Signal the job attempt's recovery with this detection, starting it if there is none
-    (signal-with-start). A closed recovery for the same attempt is never started again: then
-    this returns False and the detection is dropped."""
+    (signal-with-start). Returns False when the recovery of this attempt has already closed:
+    it is never started again, and the late detection is dropped."""
     try:
         await client.start_workflow(
             RecoveryWorkflow.run,

@@ -289,7 +289,9 @@ class RecoveryWorkflow:
             decision, by = self._decision
             await self._record(
                 "approval" if decision == "approve" else "rejection",
-                f"{decision}d by {by.by}" + (f": {by.reason}" if by.reason else ""),
+                ("approved" if decision == "approve" else "rejected")
+                + f" by {by.by}"
+                + (f": {by.reason}" if by.reason else ""),
                 actor=by.by,
                 dedupe="decision",
                 data={

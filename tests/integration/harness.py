@@ -5,6 +5,7 @@ and fault injection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import re
@@ -181,14 +182,23 @@ class Harness:
         for job_id in self.jobs:
             await self.sched.cancel_job(job_id)
         start_daemons(self.stack.slurm)  # a killed slurmd comes back
-        deadline = time.monotonic() + 60
-        for node in await self.sched.list_nodes():
-            if node.drain_flag or node.state is NodeState.DOWN or not node.responding:
-                while True:
-                    try:
+        deadline = time.monotonic() + 90
+        # Leave the cluster as the next test expects it: every node idle, answering, in service.
+        while True:
+            nodes = await self.sched.list_nodes()
+            unwell = [
+                n
+                for n in nodes
+                if n.drain_flag or not n.responding or n.state is not NodeState.IDLE
+            ]
+            if not unwell:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"nodes not back in service: {[n.display_state for n in unwell]}"
+                )
+            for node in unwell:
+                if node.drain_flag or node.state is NodeState.DOWN:
+                    with contextlib.suppress(Exception):  # retried until the deadline
                         await self.sched.resume_node(node.name)
-                        break
-                    except Exception:
-                        if time.monotonic() > deadline:
-                            raise
-                        await asyncio.sleep(1)
+            await asyncio.sleep(1)
