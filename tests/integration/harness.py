@@ -176,11 +176,16 @@ class Harness:
 
     # -------------------------------------------------------------- cleanup
 
-    async def cleanup(self) -> None:
+    async def stop(self) -> None:
+        """Stop this harness's worker and watcher and cancel its jobs."""
         for name in list(self.procs):
             self.kill(name, signal.SIGTERM)
         for job_id in self.jobs:
             await self.sched.cancel_job(job_id)
+
+    async def restore_nodes(self) -> None:
+        """Bring back killed slurmds and return every node to service (after every harness of
+        the test has stopped its jobs)."""
         start_daemons(self.stack.slurm)  # a killed slurmd comes back
         deadline = time.monotonic() + 90
         # Leave the cluster as the next test expects it: every node idle, answering, in service.

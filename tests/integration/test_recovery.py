@@ -55,7 +55,9 @@ async def make_harness(
         yield make
     finally:
         for h in made:
-            await h.cleanup()
+            await h.stop()
+        if made:
+            await made[0].restore_nodes()
         await audit.close()
 
 
