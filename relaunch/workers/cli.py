@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -16,9 +16,10 @@ from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig, StackStatus
 from relaunch.models.errors import RelaunchError
 from relaunch.models.scheduler import ActionResult, Job, Node
+from relaunch.workers.cli_errors import exit_code
+from relaunch.workers.cli_errors import fail as _fail
 
 T = TypeVar("T")
-EX_TEMPFAIL = 75  # sysexits.h: try again later
 
 STATE_DIR_OPTION = click.option(
     "--state-dir",
@@ -27,11 +28,6 @@ STATE_DIR_OPTION = click.option(
     show_default=True,
     help="Where the local stack keeps its files and state.",
 )
-
-
-def _fail(exc: RelaunchError) -> NoReturn:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(EX_TEMPFAIL if exc.retryable else 1)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -318,7 +314,7 @@ def main() -> None:
         code = exc.exit_code
     except RelaunchError as exc:  # anything not caught closer to its command
         click.echo(f"error: {exc}", err=True)
-        code = EX_TEMPFAIL if exc.retryable else 1
+        code = exit_code(exc)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     sys.stdout.flush()

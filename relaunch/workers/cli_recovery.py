@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
@@ -17,6 +16,7 @@ from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Approval
+from relaunch.workers.cli_errors import fail as _fail
 
 
 def cluster_config_path(state_dir: Path, cluster: str) -> Path:
@@ -56,11 +56,6 @@ def config_options(fn: click.decorators.FC) -> click.decorators.FC:
         help="Where `relaunch dev up` keeps cluster configurations.",
     )(fn)
     return fn
-
-
-def _fail(exc: RelaunchError) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(75 if exc.retryable else 1)
 
 
 def _logging() -> None:

@@ -81,7 +81,7 @@ class Harness:
             **self.stack.slurm_env,
             "RELAUNCH_PYTHON": sys.executable,
             "RELAUNCH_EXAMPLES": str(REPO / "examples"),
-            "CKPT_DIR": str(self.tmp / "ckpt"),
+            "CKPT_DIR": str(self.tmp / self.config.name / "ckpt"),
         }
         out = subprocess.run(
             [

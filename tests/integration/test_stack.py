@@ -28,8 +28,9 @@ def test_shell_tools_see_the_stack(stack: Stack, slurm_env: dict[str, str]) -> N
         text=True,
         check=True,
     )
+    # Other tests have used this session's cluster; a fresh one is checked below.
     states = dict(line.split() for line in sinfo.stdout.splitlines())
-    assert states == {f"n{i}": "idle" for i in range(1, 5)}
+    assert sorted(states) == [f"n{i}" for i in range(1, 5)]
     listed = subprocess.run(
         [str(temporal_binary()), "workflow", "list", "--address", stack.temporal_address],
         capture_output=True,
@@ -74,7 +75,7 @@ def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     state = tmp_path / "state"
     # Fix the ports through stack.json, as a first `up` would have.
     state.mkdir()
-    config = StackConfig.with_free_ports(cluster="downtest", nodes=2, services=False)
+    config = StackConfig.with_free_ports(cluster="downtest", services=False)
     (state / "stack.json").write_text(config.model_dump_json())
     up = subprocess.run(
         [*RELAUNCH, "dev", "up", "--state-dir", str(state)],
@@ -87,6 +88,13 @@ def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     assert f"export SLURM_CONF={conf}" in up.stdout.splitlines()
     assert f"export TEMPORAL_ADDRESS=127.0.0.1:{config.temporal_port}" in up.stdout.splitlines()
 
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    sinfo = subprocess.run(
+        ["sinfo", "-N", "-h", "-o", "%N %t"], env=env, capture_output=True, text=True, check=True
+    )
+    states = dict(line.split() for line in sinfo.stdout.splitlines())
+    assert states == {f"n{i}": "idle" for i in range(1, 5)}
+
     status = subprocess.run(
         [*RELAUNCH, "dev", "status", "--state-dir", str(state)],
         capture_output=True,
@@ -94,10 +102,9 @@ def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
         timeout=60,
     )
     assert status.returncode == 0 and "DOWN" not in status.stdout, status.stdout
-    assert "slurmd n2" in status.stdout and f"127.0.0.1:{config.temporal_port}" in status.stdout
+    assert "slurmd n4" in status.stdout and f"127.0.0.1:{config.temporal_port}" in status.stdout
 
     # A running 2-node job whose processes record their pids.
-    env = {**os.environ, "SLURM_CONF": str(conf)}
     pids = tmp_path / "pids"
     pids.mkdir(mode=0o777)
     subprocess.run(

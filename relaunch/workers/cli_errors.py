@@ -1,0 +1,21 @@
+"""How every `relaunch` command reports a RelaunchError: one line, a meaningful exit code."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import click
+
+from relaunch.models.errors import RelaunchError
+
+EX_TEMPFAIL = 75  # sysexits.h: try again later
+
+
+def exit_code(exc: RelaunchError) -> int:
+    return EX_TEMPFAIL if exc.retryable else 1
+
+
+def fail(exc: RelaunchError) -> NoReturn:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(exit_code(exc))
