@@ -90,26 +90,26 @@ class ActionActivities:
         return StepOutcome(ok=True, changed=result.changed, detail=detail)
 
     async def _exclude_when_pending(self, inp: ActInput, job_id: str) -> str:
-        """Exclude the culprits once the requeued job is pending again. Right after a requeue
-        it is still COMPLETING; if it is already running again, the drained nodes were
+        """Exclude the culprits from the requeued job. The adapter waits out the moment the
+        job is still COMPLETING; if it is already running again, the drained nodes were
         off-limits to the scheduler anyway."""
         sched, nodes = self.deps.scheduler, inp.plan.exclude_nodes
         deadline = time.monotonic() + 60
         while True:
-            activity.heartbeat("waiting for the requeued job to be pending")
-            job = await sched.get_job(job_id)
-            if job.state is JobState.PENDING:
-                try:
-                    result = await sched.exclude_nodes(job_id, nodes)
-                except InvalidStateError:
-                    continue  # it started between the read and the update: look again
-                await self._audit_action(inp.incident_id, "exclude", result)
-                return f"excluded {','.join(nodes)}"
-            if job.state is JobState.RUNNING:
-                return f"already running again on {','.join(job.nodes)}"
-            if job.state.is_terminal or time.monotonic() > deadline:
+            activity.heartbeat("excluding the culprits from the requeued job")
+            try:
+                result = await sched.exclude_nodes(job_id, nodes)
+            except VerificationError:  # still completing: a node is slow to let go
+                if time.monotonic() > deadline:
+                    return "not excluded (still completing); drained nodes take no new work"
+                continue
+            except InvalidStateError:
+                job = await sched.get_job(job_id)
+                if job.state is JobState.RUNNING:
+                    return f"already running again on {','.join(job.nodes)}"
                 return f"not excluded ({job.state.value}); drained nodes take no new work"
-            await asyncio.sleep(0.3)
+            await self._audit_action(inp.incident_id, "exclude", result)
+            return f"excluded {','.join(nodes)}"
 
     @activity.defn(name="hold")
     @typed_errors

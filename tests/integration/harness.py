@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowHandle
 from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.devstack import faults
-from relaunch.devstack.slurm import start_daemons
+from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import Stack
 from relaunch.models.config import ClusterConfig, WatchSettings
 from relaunch.models.recovery import TERMINAL_STAGES, Policy, RecoveryStatus, Stage
@@ -188,6 +188,7 @@ class Harness:
         the test has stopped its jobs)."""
         start_daemons(self.stack.slurm)  # a killed slurmd comes back
         deadline = time.monotonic() + 90
+        silent_since: dict[str, float] = {}
         # Leave the cluster as the next test expects it: every node idle, answering, in service.
         while True:
             nodes = await self.sched.list_nodes()
@@ -206,4 +207,15 @@ class Harness:
                 if node.drain_flag or node.state is NodeState.DOWN:
                     with contextlib.suppress(Exception):  # retried until the deadline
                         await self.sched.resume_node(node.name)
+                elif not node.responding:
+                    # slurmctld pinged the restarted slurmd before it could answer and will
+                    # not ask again for SlurmdTimeout/3; a fresh registration clears the flag.
+                    silent_since.setdefault(node.name, time.monotonic())
+                    if time.monotonic() - silent_since[node.name] > 5:
+                        pid = slurmd_pid(self.stack.slurm, node.name)
+                        if pid:
+                            os.kill(pid, signal.SIGTERM)
+                            await asyncio.sleep(1)
+                        start_daemons(self.stack.slurm)
+                        silent_since.pop(node.name)
             await asyncio.sleep(1)
