@@ -28,6 +28,7 @@ from relaunch.connectors.audit import AuditStore
 from relaunch.devstack import faults
 from relaunch.devstack.slurm import start_daemons
 from relaunch.devstack.stack import Stack, StackConfig
+from relaunch.devstack.workload import submit_training
 from relaunch.models.config import ClusterConfig, WatchSettings
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Mode, Policy, recovery_workflow_id
@@ -47,32 +48,12 @@ async def one_run(
     n: int,
 ) -> dict[str, float]:
     sched = stack.scheduler()
-    env = {
-        **os.environ,
-        **stack.slurm_env,
-        "RELAUNCH_PYTHON": sys.executable,
-        "RELAUNCH_EXAMPLES": str(ROOT / "examples"),
-        "CKPT_DIR": str(work / f"ckpt{n}"),
-    }
-    out = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--output={work}/train-%j.out",
-            "--comment=relaunch=on",
-            f"--chdir={work}",
-            str(ROOT / "examples/jobs/train_ddp.sbatch"),
-            "--step-sleep",
-            "0.2",
-            "--ckpt-every",
-            "5",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
+    job_id = submit_training(
+        stack.slurm_env,
+        workdir=work,
+        ckpt_dir=work / f"ckpt{n}",
+        args=["--step-sleep", "0.2", "--ckpt-every", "5"],
     )
-    job_id = out.stdout.strip().split(";")[0]
     log = work / f"train-{job_id}.out"
     deadline = time.monotonic() + 120
     while "checkpoint saved" not in (log.read_text() if log.exists() else ""):

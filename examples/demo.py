@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.devstack import faults
 from relaunch.devstack.stack import Stack
+from relaunch.devstack.workload import submit_training
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import TERMINAL_STAGES, RecoveryStatus, Stage, recovery_workflow_id
 from relaunch.models.scheduler import Job, JobState
@@ -34,7 +34,6 @@ from relaunch.workflows.recovery import RecoveryWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".relaunch"
-JOB_SCRIPT = ROOT / "examples" / "jobs" / "train_ddp.sbatch"
 RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
 STEP_LINE = r"step=\d+ loss"
 
@@ -103,32 +102,11 @@ async def story(stack: Stack) -> None:
     await tidy(stack, sched)
     work = STATE / "demo"
     work.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        **stack.slurm_env,
-        "RELAUNCH_PYTHON": sys.executable,
-        "RELAUNCH_EXAMPLES": str(ROOT / "examples"),
-        "CKPT_DIR": str(work / "checkpoints"),
-    }
-    out = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--output={work}/train-%j.out",
-            "--comment=relaunch=on",
-            f"--chdir={work}",
-            str(JOB_SCRIPT),
-            "--step-sleep",
-            "0.2",
-            "--ckpt-every",
-            "10",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
+    job_id = submit_training(
+        stack.slurm_env,
+        workdir=work,
+        args=["--step-sleep", "0.2", "--ckpt-every", "10"],
     )
-    job_id = out.stdout.strip().split(";")[0]
     log = work / f"train-{job_id}.out"
     say(f"submitted the DDP example as job {job_id} (2 nodes, gloo, checkpoint every 10 steps)")
     job = await wait_job(sched, job_id, JobState.RUNNING, 60)

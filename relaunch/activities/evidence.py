@@ -242,13 +242,20 @@ class EvidenceActivities:
         lineage = await self._lineage(job.job_id)
         nodes = await self.deps.scheduler.list_nodes()
         partition_size = sum(1 for n in nodes if job.partition in n.partitions) or len(nodes)
+        out_of_service = {n.name for n in nodes if n.drain_flag or not n.responding}
         history = PlanHistory(
             restarts_in_window=await self.deps.audit.count_restarts(
                 inp.cluster, lineage, now - timedelta(hours=policy.budget_window_hours)
             ),
-            drained_in_window=await self.deps.audit.drained_nodes(
-                inp.cluster, now - timedelta(hours=policy.drain_window_hours)
-            ),
+            # Capacity Relaunch has taken and not yet given back: drained by it in the window
+            # and still out of service (an operator's resume returns the node to the pool).
+            drained_in_window=[
+                n
+                for n in await self.deps.audit.drained_nodes(
+                    inp.cluster, now - timedelta(hours=policy.drain_window_hours)
+                )
+                if n in out_of_service
+            ],
             partition_size=partition_size,
             previous_unknown=await self._previous_unknown(inp.incident_id, lineage),
             already_drained=[n.name for n in nodes if n.name in job.nodes and n.drain_flag],

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import click
@@ -70,21 +72,26 @@ PAST = {"approve": "approved", "reject": "rejected"}
 
 
 def register(cli: click.Group) -> None:
+    def _serve(
+        run: Callable[[ClusterConfig], Coroutine[Any, Any, None]],
+        config_path: Path | None,
+        cluster: str,
+        state_dir: Path,
+    ) -> None:
+        try:
+            config = load_config(config_path, cluster, state_dir)
+            _logging()
+            asyncio.run(run(config))
+        except RelaunchError as exc:
+            _fail(exc)
+
     @cli.command("worker")
     @config_options
     def worker_cmd(config_path: Path | None, cluster: str, state_dir: Path) -> None:
         """Run the Temporal worker that executes recoveries for one cluster."""
         from relaunch.workers.worker import run_worker
 
-        try:
-            config = load_config(config_path, cluster, state_dir)
-        except RelaunchError as exc:
-            _fail(exc)
-        _logging()
-        try:
-            asyncio.run(run_worker(config))
-        except RelaunchError as exc:
-            _fail(exc)
+        _serve(run_worker, config_path, cluster, state_dir)
 
     @cli.command("watch")
     @config_options
@@ -92,15 +99,7 @@ def register(cli: click.Group) -> None:
         """Watch one cluster's jobs and start (or join) a recovery for each interruption."""
         from relaunch.workers.watch_main import run_watch
 
-        try:
-            config = load_config(config_path, cluster, state_dir)
-        except RelaunchError as exc:
-            _fail(exc)
-        _logging()
-        try:
-            asyncio.run(run_watch(config))
-        except RelaunchError as exc:
-            _fail(exc)
+        _serve(run_watch, config_path, cluster, state_dir)
 
     def _decide(decision: str, incident: str, by: str, reason: str, config: ClusterConfig) -> None:
         from relaunch.workers import recovery_client

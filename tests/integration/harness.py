@@ -23,13 +23,13 @@ from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.devstack import faults
 from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import Stack
+from relaunch.devstack.workload import submit_training
 from relaunch.models.config import ClusterConfig, WatchSettings
 from relaunch.models.recovery import TERMINAL_STAGES, Policy, RecoveryStatus, Stage
 from relaunch.models.scheduler import NodeState
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 REPO = Path(__file__).resolve().parents[2]
-DDP_SCRIPT = REPO / "examples" / "jobs" / "train_ddp.sbatch"
 _names = itertools.count(1)
 
 
@@ -76,34 +76,12 @@ class Harness:
     # -------------------------------------------------------------- jobs
 
     def submit_ddp(self, *args: str) -> str:
-        env = {
-            **os.environ,
-            **self.stack.slurm_env,
-            "RELAUNCH_PYTHON": sys.executable,
-            "RELAUNCH_EXAMPLES": str(REPO / "examples"),
-            "CKPT_DIR": str(self.tmp / self.config.name / "ckpt"),
-        }
-        out = subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                f"--output={self.tmp}/train-%j.out",
-                "--comment=relaunch=on",
-                f"--chdir={self.tmp}",
-                str(DDP_SCRIPT),
-                "--step-sleep",
-                "0.2",
-                "--ckpt-every",
-                "5",
-                *args,
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
+        job_id = submit_training(
+            self.stack.slurm_env,
+            workdir=self.tmp,
+            ckpt_dir=self.tmp / self.config.name / "ckpt",
+            args=["--step-sleep", "0.2", "--ckpt-every", "5", *args],
         )
-        job_id = out.stdout.strip().split(";")[0]
         self.jobs.append(job_id)
         return job_id
 

@@ -323,10 +323,13 @@ async def _seed(h: Harness, incident: str, job_id: str, step: str, node: str | N
 
 async def test_blast_radius_guard_refuses_and_says_so(make_harness: MakeHarness) -> None:
     h = make_harness(Policy(mode=Mode.AUTONOMOUS, drain_share=0.10, drain_cap=4))
-    await _seed(h, f"relaunch-{h.config.name}-earlier-0", "earlier", "drain", "n9")
     h.start("worker")
     h.start("watch")
     job_id, nodes, _ = await start_training(h)
+    # An earlier incident's drain that is still in force: 1 of 4 nodes, the whole 10% share.
+    earlier = next(n.name for n in await h.sched.list_nodes() if n.name not in nodes)
+    await h.sched.drain_node(earlier, "relaunch incident earlier")
+    await _seed(h, f"relaunch-{h.config.name}-earlier-0", "earlier", "drain", earlier)
     h.inject_xid(nodes[1])
     incident = h.incident(job_id)
     status = await h.wait_stage(incident, {Stage.HELD}, timeout=90)
