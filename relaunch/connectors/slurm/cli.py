@@ -144,13 +144,12 @@ class SlurmCli:
         name, reason = names.node_name(name), names.reason(reason)
         before = await self.get_node(name)
         if before.drain_flag:
-            return ActionResult(
-                action="drain",
-                target=name,
+            return _node_result(
+                "drain",
+                before,
+                before,
                 changed=False,
                 note=f"already draining/drained: {before.reason or 'no reason'}",
-                before=before.display_state,
-                after=before.display_state,
             )
         await self._checked(
             ["scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"]
@@ -158,13 +157,7 @@ class SlurmCli:
         after = await self._until(
             lambda: self.get_node(name), lambda n: n.drain_flag, f"drain {name}"
         )
-        return ActionResult(
-            action="drain",
-            target=name,
-            changed=True,
-            before=before.display_state,
-            after=after.display_state,
-        )
+        return _node_result("drain", before, after, changed=True)
 
     async def fence_node(self, name: str, reason: str) -> ActionResult:
         """Mark a node whose slurmd no longer answers DOWN, so that Slurm stops waiting for it
@@ -172,27 +165,14 @@ class SlurmCli:
         name, reason = names.node_name(name), names.reason(reason)
         before = await self.get_node(name)
         if before.state is NodeState.DOWN:
-            return ActionResult(
-                action="fence",
-                target=name,
-                changed=False,
-                note="already down",
-                before=before.display_state,
-                after=before.display_state,
-            )
+            return _node_result("fence", before, before, changed=False, note="already down")
         await self._checked(
             ["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}"]
         )
         after = await self._until(
             lambda: self.get_node(name), lambda n: n.state is NodeState.DOWN, f"fence {name}"
         )
-        return ActionResult(
-            action="fence",
-            target=name,
-            changed=True,
-            before=before.display_state,
-            after=after.display_state,
-        )
+        return _node_result("fence", before, after, changed=True)
 
     async def probe_node(self, node: Node, timeout: float = 1.0) -> bool:
         """Whether the node's slurmd accepts a TCP connection: the earliest sign of a dead node,
@@ -214,25 +194,12 @@ class SlurmCli:
         name = names.node_name(name)
         before = await self.get_node(name)
         if not before.drain_flag and before.responding:
-            return ActionResult(
-                action="resume",
-                target=name,
-                changed=False,
-                note="not drained",
-                before=before.display_state,
-                after=before.display_state,
-            )
+            return _node_result("resume", before, before, changed=False, note="not drained")
         await self._checked(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
         after = await self._until(
             lambda: self.get_node(name), lambda n: not n.drain_flag, f"resume {name}"
         )
-        return ActionResult(
-            action="resume",
-            target=name,
-            changed=True,
-            before=before.display_state,
-            after=after.display_state,
-        )
+        return _node_result("resume", before, after, changed=True)
 
     # ---------------------------------------------------------------- job actions
 
@@ -422,6 +389,19 @@ def resubmit_argv(job: Job, exclude: Sequence[str]) -> list[str]:
     if os.geteuid() == 0 and job.user and job.user != "root":
         argv.append(f"--uid={names.user_name(job.user)}")
     return argv
+
+
+def _node_result(
+    action: str, before: Node, after: Node, *, changed: bool, note: str = ""
+) -> ActionResult:
+    return ActionResult(
+        action=action,
+        target=before.name,
+        changed=changed,
+        note=note,
+        before=before.display_state,
+        after=after.display_state,
+    )
 
 
 def _job_state_text(job: Job) -> str:
