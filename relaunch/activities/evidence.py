@@ -257,7 +257,7 @@ class EvidenceActivities:
                 if n in out_of_service
             ],
             partition_size=partition_size,
-            previous_unknown=await self._previous_unknown(inp.incident_id, lineage),
+            previous_unknown=await self._previous_unknown(inp.cluster, inp.incident_id, lineage),
             already_drained=[n.name for n in nodes if n.name in job.nodes and n.drain_flag],
         )
         plan = make_plan(
@@ -313,12 +313,10 @@ class EvidenceActivities:
             current = jobs.get(parent)
         return chain
 
-    async def _previous_unknown(self, incident_id: str, lineage: list[str]) -> bool:
-        for row in await self.deps.audit.incidents(limit=50):
-            if (
-                row.id != incident_id
-                and row.job_id in lineage
-                and row.category == Category.UNKNOWN.value
-            ):
-                return True
+    async def _previous_unknown(self, cluster: str, incident_id: str, lineage: list[str]) -> bool:
+        """Whether an earlier incident of this job's lineage was already of unknown cause."""
+        for job_id in lineage:
+            for row in await self.deps.audit.incidents(cluster=cluster, job_id=job_id):
+                if row.id != incident_id and row.category == Category.UNKNOWN.value:
+                    return True
         return False

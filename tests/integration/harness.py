@@ -25,7 +25,13 @@ from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import Stack
 from relaunch.devstack.workload import submit_training
 from relaunch.models.config import ClusterConfig, WatchSettings
-from relaunch.models.recovery import TERMINAL_STAGES, Policy, RecoveryStatus, Stage
+from relaunch.models.recovery import (
+    TERMINAL_STAGES,
+    Policy,
+    RecoveryStatus,
+    Stage,
+    recovery_workflow_id,
+)
 from relaunch.models.scheduler import NodeState
 from relaunch.workflows.recovery import RecoveryWorkflow
 
@@ -113,7 +119,7 @@ class Harness:
     # -------------------------------------------------------------- recoveries
 
     def incident(self, job_id: str, attempt: int = 0) -> str:
-        return f"relaunch-{self.config.name}-{job_id}-{attempt}"
+        return recovery_workflow_id(self.config.name, job_id, attempt)
 
     def handle(self, incident: str) -> WorkflowHandle[RecoveryWorkflow, RecoveryStatus]:
         return self.client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
