@@ -17,8 +17,8 @@ from relaunch.activities.deps import Deps, typed_errors
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.detection.attribution import attribute_bundle
+from relaunch.detection.lines import line_timestamp
 from relaunch.detection.planning import PlanHistory, make_plan
-from relaunch.detection.signatures import line_timestamp
 from relaunch.models.bundle import BundleJob
 from relaunch.models.recovery import (
     ActionPlan,
