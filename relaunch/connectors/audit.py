@@ -85,6 +85,17 @@ class IncidentRow(BaseModel):
     nodes: list[str] = Field(default_factory=list)
 
 
+class NodeReputation(BaseModel):
+    """A node's recent incident history (`relaunch nodes`)."""
+
+    node: str
+    incidents: int
+    jobs: int
+    last_at: datetime
+    categories: list[str] = Field(default_factory=list)
+    recent: list[str] = Field(default_factory=list, description="latest incident ids")
+
+
 class StoredEvent(AuditRecord):
     id: int
 
@@ -252,3 +263,24 @@ class AuditStore:
                 (cluster, since),
             )
             return sorted(str(r[0]) for r in await cur.fetchall())
+
+    async def node_reputation(self, cluster: str, since: datetime) -> list[NodeReputation]:
+        """Each node's incidents since ``since`` that implicated it: named as a culprit by the
+        evidence, or allocated to a job whose failure named no node (see ``implicated`` in
+        verdict records). A node named only for its reputation does not count again."""
+        sql = """
+            select n.node, count(distinct i.id) as incidents,
+                   count(distinct i.job_id) as jobs, max(e.at) as last_at,
+                   array_agg(distinct e.data->>'category') as categories,
+                   (array_agg(i.id order by e.at desc))[1:5] as recent
+            from audit_events e
+            join incidents i on i.id = e.incident_id
+            cross join lateral jsonb_array_elements_text(
+                coalesce(e.data->'implicated', '[]'::jsonb)) as n(node)
+            where i.cluster = %s and e.kind = 'verdict' and e.at >= %s
+            group by n.node
+            order by incidents desc, n.node
+        """
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, (cluster, since))
+            return [NodeReputation.model_validate(row) for row in await cur.fetchall()]

@@ -1,158 +1,300 @@
 """Attribution: from an incident bundle to a verdict — what failed, which nodes, how sure.
 
-First rules (the attribution milestone refines them): a node-level root cause (an Xid, a link
-down) beats the cascade it triggers on every other rank; a node that stopped answering is a node
-failure; a user exception is an application error and never blames a node; scheduler states
-settle time limits, preemption and cancellation.
+The rules, in the order they are tried (failure-signatures.md §1 and §3):
+
+1. Scheduler facts that end the question: a cancelled job was cancelled, a preempted one
+   preempted; a time limit is a time limit unless training had stopped long before (a hang).
+2. Node-level root causes (Xid, SXid, NIC, ECC telemetry, a node failure Slurm reports, a node
+   that stopped answering) blame their nodes, every one of them, whatever the cascade on the
+   other ranks says; the same Xid 119/120 on most nodes points at the driver instead.
+3. An application root (an exception, an OOM, a non-finite loss, a segfault, an OOM kill behind
+   a bare ``Killed``) never blames a node; infrastructure roots restart without blame. The
+   earliest such root decides between them.
+4. No root anywhere: watchdog timeouts or stalled progress mean a hang, blamed on the straggler
+   rank's node when an explicit map names it; the other fallout is network or unknown.
+5. Reputation is a prior: where the evidence names no node, a repeat offender among the job's
+   nodes is named, at low confidence.
+
+Cascade, teardown and context lines never decide; they are folded into counts.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from datetime import timedelta
 
+from relaunch.detection.findings import Finding, Findings, collect, line_hosts
 from relaunch.detection.planning import default_action
-from relaunch.detection.signatures import Catalogue, Culprit, SignatureMatch
+from relaunch.detection.signatures import Catalogue, Role
+from relaunch.detection.straggler import find_stragglers
 from relaunch.models.bundle import Bundle
-from relaunch.models.recovery import Category, EvidenceLine, Verdict
+from relaunch.models.recovery import Action, Category, EvidenceLine, Verdict
 
-_NODE_CATEGORIES = {Category.GPU_HARDWARE, Category.NETWORK, Category.NODE_FAILURE}
-_STATE_CATEGORIES = {
-    "TIMEOUT": Category.TIME_LIMIT,
-    "PREEMPTED": Category.PREEMPTION,
-    "DEADLINE": Category.TIME_LIMIT,
-}
+NODE_CATEGORIES = frozenset({Category.GPU_HARDWARE, Category.NETWORK, Category.NODE_FAILURE})
 _DOWN_WORDS = ("DOWN", "NOT_RESPONDING", "FAIL")
+_DRIVER_XIDS = frozenset({119, 120})
+_CONFIRMED_BY_OOM = frozenset({"srun_task_killed"})
+STALL_AFTER = timedelta(minutes=10)
+_IMPLICATING = NODE_CATEGORIES | {Category.HANG, Category.UNKNOWN}
+REPEAT_OFFENDER = 3
 
 
-def _evidence(m: SignatureMatch, source: str) -> EvidenceLine:
-    return EvidenceLine(
-        source=source, line_no=m.line_no, text=m.text, signature=m.signature, role=m.role
-    )
-
-
-def _culprit(m: SignatureMatch, bundle: Bundle, cat: Catalogue) -> str | None:
-    if m.host and m.host in bundle.job.nodes:
-        return m.host
-    if m.host:
-        # Hostnames may be fully qualified where Slurm uses short names.
-        short = m.host.split(".")[0]
-        if short in bundle.job.nodes:
-            return short
-    if m.rank is not None and cat.get(m.signature).culprit is Culprit.RANK_PREFIX:
-        return bundle.job.rank_node(m.rank)
-    return None
-
-
-def attribute_bundle(bundle: Bundle, catalogue: Catalogue | None = None) -> Verdict:
-    """The verdict for one bundle. Pure: the same bundle always gives the same verdict."""
+def attribute_bundle(
+    bundle: Bundle,
+    catalogue: Catalogue | None = None,
+    *,
+    reputation: Mapping[str, int] | None = None,
+    repeat_offender: int = REPEAT_OFFENDER,
+) -> Verdict:
+    """The verdict for one bundle. Pure: the same bundle (and reputation) gives the same
+    verdict. ``reputation`` is each node's count of recent incidents that implicated it."""
     cat = catalogue or Catalogue.load()
+    found = collect(bundle, cat)
+    verdict = _decide(bundle, found)
+    folded = Counter(f.signature for f in found.by_role(Role.CASCADE, Role.TEARDOWN))
+    verdict.folded = dict(sorted(folded.items(), key=lambda kv: (-kv[1], kv[0])))
+    if not verdict.culprit_nodes and verdict.category in (
+        Category.HANG,
+        Category.NETWORK,
+        Category.UNKNOWN,
+        Category.NODE_FAILURE,
+    ):
+        _apply_reputation(verdict, bundle, reputation or {}, repeat_offender)
+    return verdict
+
+
+def implicated(verdict: Verdict, bundle: Bundle) -> list[str]:
+    """The nodes this incident counts against in their reputation: the culprits the evidence
+    named, or every allocated node when a node-class or unexplained failure named none (a
+    name given for reputation alone is not evidence). A failure that was nobody's (application,
+    cancellation, time limit) implicates no node."""
+    if verdict.category not in _IMPLICATING:
+        return []
+    named = [n for n in verdict.culprit_nodes if n not in verdict.repeat_offenders]
+    return named or sorted(bundle.job.nodes)
+
+
+def _decide(bundle: Bundle, found: Findings) -> Verdict:
     job = bundle.job
-    matches: list[tuple[SignatureMatch, str]] = [
-        (m, "logs/job.log") for m in cat.scan(bundle.job_log, source="job_log")
-    ]
-    for node, text in bundle.node_logs.items():
-        matches += [
-            (m, f"nodes/{node}.log") for m in cat.scan(text, source="node_log", source_node=node)
-        ]
-    for sample in bundle.telemetry:
-        if sample.xid is not None:
-            line = f"NVRM: Xid (telemetry {sample.node} gpu {sample.gpu}): {sample.xid}, telemetry"
-            for m in cat.scan(line, source="telemetry", source_node=sample.node):
-                matches.append((m, "telemetry.jsonl"))
-
-    roots = [(m, src) for m, src in matches if m.role == "root"]
-    cascades = [(m, src) for m, src in matches if m.role == "cascade"]
-
-    # 1. Node-level root causes, grouped by the node they blame.
-    node_roots: dict[str, list[tuple[SignatureMatch, str]]] = defaultdict(list)
-    for m, src in roots:
-        cat_m = Category(m.category)
-        if cat_m in _NODE_CATEGORIES:
-            culprit = _culprit(m, bundle, cat)
-            if culprit:
-                node_roots[culprit].append((m, src))
-    if node_roots:
-        best = max((m for ms in node_roots.values() for m, _ in ms), key=lambda m: m.severity)
-        category = Category(best.category)
-        culprits = sorted(node_roots)
-        evidence = [_evidence(m, src) for ms in node_roots.values() for m, src in ms]
-        evidence += [_evidence(m, src) for m, src in cascades[:5]]
-        return Verdict(
-            category=category,
-            culprit_nodes=culprits,
-            confidence=0.9,
-            action=default_action(category, culprits),
-            evidence=evidence,
-            summary=f"{best.signature} on {', '.join(culprits)}; "
-            f"{len(cascades)} cascade line(s) on other ranks",
-        )
-
-    # 2. Nodes that stopped answering (Slurm's view, or slurmd unreachable).
-    dead = sorted(
-        {n for n, st in job.node_states.items() if any(w in st.upper() for w in _DOWN_WORDS)}
-        | set(job.unreachable_nodes)
-    )
-    if dead:
-        return Verdict(
-            category=Category.NODE_FAILURE,
-            culprit_nodes=dead,
-            confidence=0.85,
-            action=default_action(Category.NODE_FAILURE, dead),
-            evidence=[_evidence(m, src) for m, src in cascades[:5]],
-            summary=f"{', '.join(dead)} stopped answering"
-            + (f" ({job.node_states.get(dead[0], 'unreachable')})" if dead else ""),
-        )
-
-    # 3. Scheduler outcomes that are nobody's fault. A cancelled job was cancelled by someone
-    #    (a node failure shows as NODE_FAIL): whatever else its log says, it is not restarted.
-    state = job.state.upper()
+    state = job.state.upper().split()[0] if job.state.strip() else ""
+    roots = found.by_role(Role.ROOT)
     if state == "CANCELLED":
-        return Verdict(
-            category=Category.USER_CANCEL,
-            confidence=0.9,
-            action=default_action(Category.USER_CANCEL, []),
-            evidence=[_evidence(m, src) for m, src in roots if m.signature.startswith("slurm_")][
-                :3
-            ],
-            summary="job cancelled",
-        )
-    if state in _STATE_CATEGORIES:
-        category = _STATE_CATEGORIES[state]
-        return Verdict(
-            category=category,
-            confidence=0.95,
-            action=default_action(category, []),
-            summary=f"job {state}",
+        return _verdict(Category.USER_CANCEL, [], 0.95, _first(roots, "slurm_"), "job cancelled")
+    if state == "PREEMPTED":
+        return _verdict(Category.PREEMPTION, [], 0.95, _first(roots, "slurm_"), "job preempted")
+
+    stalled = _stalled(bundle)
+    if state in ("TIMEOUT", "DEADLINE"):
+        if stalled:
+            return _hang(bundle, found, f"ran into its time limit, {stalled}")
+        return _verdict(
+            Category.TIME_LIMIT, [], 0.95, _first(roots, "slurm_"), "job hit its time limit"
         )
 
-    # 4. An application error (traceback, exception, CUDA OOM) never blames a node.
-    app = [(m, src) for m, src in roots if Category(m.category) is Category.APPLICATION]
-    if app:
-        first = min(app, key=lambda x: x[0].line_no)[0]
-        return Verdict(
-            category=Category.APPLICATION,
-            confidence=0.9,
-            action=default_action(Category.APPLICATION, []),
-            evidence=[_evidence(m, src) for m, src in app[:10]],
-            summary=f"application error: {first.text[:160]}",
+    node_verdict = _node_roots(bundle, found, roots)
+    if node_verdict is not None:
+        return node_verdict
+
+    decisive = [f for f in roots if f.category in (Category.APPLICATION, Category.INFRASTRUCTURE)]
+    decisive += _confirmed_kills(found)
+    if decisive:
+        first = min(decisive, key=_order)
+        category = first.category
+        same = [f for f in decisive if f.category is category]
+        if category is Category.APPLICATION:
+            summary = f"application error: {first.match.text[:160]}"
+            return _verdict(category, [], 0.9, _dedupe(same), summary)
+        return _verdict(
+            category, [], 0.8, _dedupe(same), f"infrastructure: {first.match.text[:160]}"
         )
 
-    # 5. Other roots (time limit, preemption lines, user cancel) by category.
-    other = [(m, src) for m, src in roots]
+    if state == "NODE_FAIL":
+        return _verdict(
+            Category.NODE_FAILURE, [], 0.6, [], "Slurm reports a node failure; no node named"
+        )
+
+    hang_lines = [
+        f
+        for f in found.items
+        if f.category is Category.HANG and f.role in (Role.ROOT, Role.CASCADE)
+    ]
+    if hang_lines or stalled or state in ("RUNNING", "COMPLETING"):
+        return _hang(bundle, found, stalled or f"{len(hang_lines)} hang line(s), no root cause")
+
+    network = [f for f in roots if f.category is Category.NETWORK]
+    if network:
+        return _verdict(
+            Category.NETWORK,
+            [],
+            0.6,
+            _dedupe(network),
+            f"network error: {network[0].match.text[:160]}",
+        )
+
+    other = [f for f in roots if f.category not in (Category.UNKNOWN,)]
     if other:
-        best = max((m for m, _ in other), key=lambda m: m.severity)
-        category = Category(best.category)
-        return Verdict(
-            category=category,
-            confidence=0.8,
-            action=default_action(category, []),
-            evidence=[_evidence(m, src) for m, src in other[:10]],
-            summary=best.text[:160],
+        best = max(other, key=lambda f: (f.match.severity, -_order(f)[1]))
+        return _verdict(best.category, [], 0.7, _dedupe(other), best.match.text[:160])
+    unknown = [f for f in roots if f.category is Category.UNKNOWN]
+    reason = (
+        f"no root cause found: {unknown[0].match.text[:120]}" if unknown else "no root cause found"
+    )
+    return _verdict(Category.UNKNOWN, [], 0.3, _dedupe(unknown), reason)
+
+
+def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdict | None:
+    """Rule 2: node-level roots and dead nodes blame their nodes."""
+    job = bundle.job
+    by_node: dict[str, list[Finding]] = defaultdict(list)
+    driver: dict[str, list[Finding]] = defaultdict(list)
+    for f in roots:
+        if f.category not in NODE_CATEGORIES:
+            continue
+        if f.match.xid in _DRIVER_XIDS and f.node:
+            driver[f.node].append(f)
+        # An srun hostlist can name several nodes; every other source names one at most.
+        for node in [f.node] if f.node else line_hosts(f.match, job.nodes):
+            by_node[node].append(f)
+    if len(driver) >= 3 and len(driver) * 2 >= len(job.nodes):
+        lines = [g[0] for g in driver.values()]
+        return _verdict(
+            Category.INFRASTRUCTURE,
+            [],
+            0.75,
+            lines,
+            f"Xid {lines[0].match.xid} on {len(driver)} of {len(job.nodes)} nodes: "
+            "the driver, not the GPUs",
         )
+    dead = sorted(
+        {
+            n
+            for n, st in job.node_states.items()
+            if n in job.nodes and any(w in st.upper() for w in _DOWN_WORDS)
+        }
+        | {n for n in job.unreachable_nodes if n in job.nodes}
+    )
+    if not by_node and not dead:
+        return None
+    evidence = [f for fs in by_node.values() for f in fs]
+    if by_node:
+        best = max(evidence, key=lambda f: (f.match.severity, -_order(f)[1]))
+        category = best.category
+    else:
+        category = Category.NODE_FAILURE
+    culprits = sorted(set(by_node) | set(dead))
+    confidence = min(
+        [_confidence(f, bundle) for f in evidence] + ([0.85] if set(dead) - set(by_node) else [])
+    )
+    parts = [f"{f.signature} on {node}" for node, fs in sorted(by_node.items()) for f in fs[:1]]
+    parts += [f"{n} {job.node_states.get(n, 'unreachable')}" for n in dead if n not in by_node]
+    cascades = len(found.by_role(Role.CASCADE))
+    summary = "; ".join(parts) + f"; {cascades} cascade line(s) on other ranks"
+    return _verdict(category, culprits, confidence, _dedupe(evidence), summary)
+
+
+def _confidence(f: Finding, bundle: Bundle) -> float:
+    """How sure the node behind one finding is, by where the node came from."""
+    if f.path.startswith(("nodes/", "telemetry")):
+        return 0.95
+    if f.match.host:
+        return 0.9
+    if bundle.job.ranks is not None:
+        return 0.85
+    return 0.7  # a rank label read as a node index: one task per node assumed
+
+
+def _confirmed_kills(found: Findings) -> list[Finding]:
+    """A bare ``Killed`` is an OOM when a kernel or cgroup OOM record confirms it."""
+    confirms = [f for f in found.items if f.role is Role.CONFIRM]
+    if not confirms:
+        return []
+    kills = [f for f in found.items if f.signature in _CONFIRMED_BY_OOM]
+    return confirms + kills
+
+
+def _stalled(bundle: Bundle) -> str:
+    job = bundle.job
+    if job.last_progress_at is None:
+        return ""
+    gap = job.observed_at - job.last_progress_at
+    if gap < STALL_AFTER:
+        return ""
+    return f"no progress for {gap.total_seconds():.0f} s before {job.observed_at:%H:%M:%S}"
+
+
+def _hang(bundle: Bundle, found: Findings, why: str) -> Verdict:
+    job = bundle.job
+    known = [int(r) for r in job.ranks] if job.ranks else []
+    report = find_stragglers(found.job_lines, known)
+    culprits: list[str] = []
+    for rank in report.ranks:
+        node = found.rank_hosts.get(rank) or (job.ranks or {}).get(str(rank))
+        if node and node in job.nodes:
+            culprits.append(node)
+    culprits = sorted(set(culprits))
+    lines = [f for f in found.items if f.category is Category.HANG]
+    summary = why + (f"; straggler: {report.reason}" if report.reason else "")
+    confidence = 0.75 if culprits else 0.6
+    return _verdict(Category.HANG, culprits, confidence, _dedupe(lines)[:6], summary)
+
+
+def _apply_reputation(
+    verdict: Verdict, bundle: Bundle, reputation: Mapping[str, int], k: int
+) -> None:
+    offenders = sorted(n for n in bundle.job.nodes if reputation.get(n, 0) >= k)
+    if not offenders:
+        return
+    verdict.culprit_nodes = offenders
+    verdict.confidence = min(verdict.confidence, 0.5)
+    verdict.action = Action.ISOLATE_AND_RESTART
+    counts = ", ".join(f"{n} ({reputation[n]} incidents)" for n in offenders)
+    verdict.summary += f"; repeat offender(s) in this job: {counts} — drain and check the hardware"
+    verdict.repeat_offenders = offenders
+
+
+def _order(f: Finding) -> tuple[float, int]:
+    """Time order when the line states a time, else log order."""
+    return (f.time.timestamp() if f.time else float("inf"), f.match.line_no)
+
+
+def _first(findings: list[Finding], prefix: str) -> list[Finding]:
+    return [f for f in findings if f.signature.startswith(prefix)][:3]
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (signature, node): copies across ranks are one observation."""
+    seen: dict[tuple[str, str | None], Finding] = {}
+    for f in sorted(findings, key=_order):
+        seen.setdefault((f.signature, f.node), f)
+    return list(seen.values())
+
+
+def _verdict(
+    category: Category,
+    culprits: list[str],
+    confidence: float,
+    findings: list[Finding],
+    summary: str,
+) -> Verdict:
+    counts = Counter((f.signature, f.node) for f in findings)
+    evidence = [
+        EvidenceLine(
+            source=f.path,
+            line_no=f.match.line_no,
+            text=f.match.text,
+            signature=f.signature,
+            role=f.match.role,
+            node=f.node,
+            count=counts[(f.signature, f.node)],
+        )
+        for f in findings[:20]
+    ]
     return Verdict(
-        category=Category.UNKNOWN,
-        confidence=0.3,
-        action=default_action(Category.UNKNOWN, []),
-        evidence=[_evidence(m, src) for m, src in cascades[:5]],
-        summary="no root cause found" + (f"; {len(cascades)} cascade line(s)" if cascades else ""),
+        category=category,
+        culprit_nodes=culprits,
+        confidence=confidence,
+        action=default_action(category, culprits),
+        evidence=evidence,
+        summary=summary,
     )

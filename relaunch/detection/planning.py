@@ -76,6 +76,14 @@ def make_plan(
         action = Action.HOLD
         reasons.append("unknown cause for the second time: hold for a human")
 
+    offenders = [n for n in verdict.repeat_offenders if n in culprits]
+    if offenders and action in {Action.RESTART, Action.HOLD}:
+        action = Action.ISOLATE_AND_RESTART
+        reasons.append(
+            f"repeat offender(s) {', '.join(offenders)}: drain and check the hardware, "
+            "though this incident alone names no node"
+        )
+
     if action in {Action.ISOLATE_AND_RESTART, Action.RESTART}:
         budget = policy.restart_budget
         if job.max_restarts is not None:  # the job may ask for fewer, never for more

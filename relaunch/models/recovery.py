@@ -109,6 +109,8 @@ class EvidenceLine(BaseModel):
     text: str
     signature: str
     role: str = "root"
+    node: str | None = Field(default=None, description="the node the line points at, if any")
+    count: int = Field(default=1, description="copies of this line (same signature and node)")
 
 
 class Verdict(BaseModel):
@@ -118,6 +120,12 @@ class Verdict(BaseModel):
     action: Action
     evidence: list[EvidenceLine] = Field(default_factory=list)
     summary: str = ""
+    folded: dict[str, int] = Field(
+        default_factory=dict, description="cascade and teardown lines by signature: not decisive"
+    )
+    repeat_offenders: list[str] = Field(
+        default_factory=list, description="culprits named by their incident history, not this log"
+    )
 
 
 class Policy(BaseModel):
@@ -133,6 +141,10 @@ class Policy(BaseModel):
     drain_cap: int = 4
     drain_window_hours: float = 24.0
     approval_timeout_s: float = 1800.0
+    repeat_offender_incidents: int = Field(
+        default=3, ge=1, description="incidents implicating a node that make it a repeat offender"
+    )
+    repeat_offender_window_hours: float = Field(default=168.0, gt=0)
     verify_timeout_s: float = 300.0
     hang_threshold_s: float = 120.0
 

@@ -34,11 +34,11 @@ from typing import Protocol
 from pydantic import BaseModel, Field, field_validator
 
 from relaunch.connectors.logs import FileTail
-from relaunch.connectors.slurm import hostlist
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.detection.lines import Line, LineBuffer
 from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import Catalogue, Culprit, Role, SignatureMatch
+from relaunch.models import hostlist
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState

@@ -2,7 +2,7 @@
 
 import pytest
 
-from relaunch.connectors.slurm.hostlist import compress, expand
+from relaunch.models.hostlist import compress, expand
 from relaunch.models.errors import InvalidNameError
 
 

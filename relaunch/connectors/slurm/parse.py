@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from relaunch.connectors.slurm import hostlist
+from relaunch.models import hostlist
 from relaunch.models.errors import SchedulerError
 from relaunch.models.scheduler import ExitCode, Job, JobState, Node, NodeState
 

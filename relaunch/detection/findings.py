@@ -1,0 +1,194 @@
+"""From an incident bundle to findings: catalogue matches placed on nodes, in time, deduplicated.
+
+Attribution reasons over findings, not raw lines. A finding is one matched line with the node it
+points at (if the line names one through a source the failure reference allows: the node whose
+kernel log it is, an NCCL ``host:pid:tid`` prefix, a torchrun ``host :`` field, an ``srun``
+hostlist, or a rank label mapped through an explicit rank → node map) and the time it states.
+Lines from a node's log that predate the job are kept aside as stale, not used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from relaunch.detection.lines import line_timestamp
+from relaunch.detection.signatures import Catalogue, Culprit, Role, SignatureMatch
+from relaunch.models import hostlist
+from relaunch.models.bundle import Bundle, TelemetrySample
+from relaunch.models.errors import InvalidNameError
+from relaunch.models.recovery import Category
+
+# How long before the job's first stated time a node's line may still explain it (a health
+# event can precede the job failure by minutes; an Xid from last week cannot).
+NODE_LOOKBACK = timedelta(minutes=10)
+
+# torchrun's ChildFailedError block: the fields of one failure entry (PT-EL).
+_TORCHRUN_ENTRY = re.compile(
+    r"^\s*(?:\d+: )?\s*host\s*: (?P<host>\S+)\s*\n"
+    r"\s*(?:\d+: )?\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)\s*\n"
+    r"\s*(?:\d+: )?\s*exitcode\s*: (?P<exit>-?\d+)",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One matched line, where it came from and what it points at."""
+
+    match: SignatureMatch
+    path: str
+    node: str | None
+    time: datetime | None
+
+    @property
+    def signature(self) -> str:
+        return self.match.signature
+
+    @property
+    def category(self) -> Category:
+        return Category(self.match.category)
+
+    @property
+    def role(self) -> Role:
+        return Role(self.match.role)
+
+
+@dataclass
+class Findings:
+    """Everything attribution needs from one bundle."""
+
+    items: list[Finding] = field(default_factory=list)
+    stale: list[Finding] = field(default_factory=list)
+    rank_hosts: dict[int, str] = field(default_factory=dict)
+    torchrun_exits: dict[int, int] = field(default_factory=dict)
+    job_lines: list[str] = field(default_factory=list)
+    first_time: datetime | None = None
+
+    def by_role(self, *roles: Role) -> list[Finding]:
+        return [f for f in self.items if f.role in roles]
+
+
+def normalise_host(host: str, nodes: Iterable[str]) -> list[str]:
+    """The allocated nodes a printed host names: as is, as a Slurm hostlist, cut at the first
+    dot (FQDNs, NCCL's short names), or with NCCL's ``%``/``/`` → ``-`` mangling undone."""
+    allocated = list(nodes)
+    if host in allocated:
+        return [host]
+    try:
+        expanded = hostlist.expand(host)
+    except InvalidNameError:
+        expanded = []
+    if len(expanded) > 1 or (expanded and expanded[0] != host):
+        return [n for n in expanded if n in allocated]
+    short = host.split(".")[0]
+    if short in allocated:
+        return [short]
+    mangled = {n.split(".")[0].replace("%", "-").replace("/", "-"): n for n in allocated}
+    return [mangled[short]] if short in mangled else []
+
+
+def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
+    """Match every source of the bundle and place each match on a node and in time."""
+    job = bundle.job
+    out = Findings(job_lines=bundle.job_log.splitlines())
+    out.rank_hosts = _torchrun_ranks(bundle.job_log, job.nodes, out.torchrun_exits)
+    job_matches = catalogue.scan(bundle.job_log, source="job_log")
+    times = [t for t in (line_timestamp(line) for line in out.job_lines[:200]) if t]
+    out.first_time = min(times) if times else None
+    for m in job_matches:
+        out.items.append(
+            Finding(m, "logs/job.log", _job_line_node(m, bundle, catalogue, out), m.timestamp)
+        )
+    floor = out.first_time - NODE_LOOKBACK if out.first_time else None
+    for node, text in bundle.node_logs.items():
+        for m in catalogue.scan(text, source="node_log", source_node=node):
+            finding = Finding(
+                m, f"nodes/{node}.log", node if node in job.nodes else None, m.timestamp
+            )
+            stale = floor is not None and m.timestamp is not None and m.timestamp < floor
+            (out.stale if stale else out.items).append(finding)
+    for no, sample in enumerate(bundle.telemetry, 1):
+        for finding in _telemetry(sample, no, catalogue, job.nodes):
+            stale = floor is not None and finding.time is not None and finding.time < floor
+            (out.stale if stale else out.items).append(finding)
+    return out
+
+
+def _job_line_node(
+    m: SignatureMatch, bundle: Bundle, catalogue: Catalogue, found: Findings
+) -> str | None:
+    """The node a job-log line points at, by the culprit source its entry declares."""
+    job = bundle.job
+    how = catalogue.get(m.signature).culprit
+    if how is Culprit.LINE_HOST and m.host:
+        named = normalise_host(m.host, job.nodes)
+        return named[0] if len(named) == 1 else None
+    if how is Culprit.RANK_PREFIX and m.rank is not None:
+        if m.rank in found.rank_hosts:
+            return found.rank_hosts[m.rank]
+        return job.rank_node(m.rank)
+    return None
+
+
+def line_hosts(m: SignatureMatch, nodes: Iterable[str]) -> list[str]:
+    """Every allocated node a line's ``host`` group names (an srun hostlist may name several)."""
+    return normalise_host(m.host, nodes) if m.host else []
+
+
+def _torchrun_ranks(text: str, nodes: list[str], exits: dict[int, int]) -> dict[int, str]:
+    """rank → node from torchrun failure blocks (an explicit mapping the log supplies)."""
+    out: dict[int, str] = {}
+    for found in _TORCHRUN_ENTRY.finditer(text):
+        named = normalise_host(found["host"], nodes)
+        rank = int(found["rank"])
+        exits[rank] = int(found["exit"])
+        if len(named) == 1:
+            out[rank] = named[0]
+    return out
+
+
+def _telemetry(
+    sample: TelemetrySample, no: int, catalogue: Catalogue, nodes: list[str]
+) -> list[Finding]:
+    """GPU telemetry as findings: an Xid goes through the catalogue like a kernel line (so an
+    Xid 63 stays informational); uncorrectable memory errors are hardware roots."""
+    node = sample.node if sample.node in nodes else None
+    where = f"gpu {sample.gpu}" if sample.gpu is not None else "gpu ?"
+    texts: list[str] = []
+    if sample.xid is not None:
+        texts.append(f"NVRM: Xid (telemetry {sample.node} {where}): {sample.xid}, telemetry")
+    out: list[Finding] = []
+    for text in texts:
+        m = catalogue.match_line(text, line_no=no, source="telemetry", source_node=sample.node)
+        if m is not None:
+            out.append(
+                Finding(
+                    m.model_copy(update={"timestamp": sample.time}),
+                    "telemetry.jsonl",
+                    node,
+                    sample.time,
+                )
+            )
+    counters = {
+        "ecc_dbe_volatile": sample.ecc_dbe_volatile,
+        "remapped_rows_failure": getattr(sample, "remapped_rows_failure", None),
+    }
+    for name, value in counters.items():
+        if value:
+            text = f"{sample.node} {where}: {name}={value}"
+            m = SignatureMatch(
+                signature=f"telemetry_{name}",
+                category=Category.GPU_HARDWARE,
+                role=Role.ROOT,
+                severity=5,
+                source="telemetry",
+                line_no=no,
+                text=text,
+                host=sample.node,
+                timestamp=sample.time,
+            )
+            out.append(Finding(m, "telemetry.jsonl", node, sample.time))
+    return out
