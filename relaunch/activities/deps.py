@@ -11,6 +11,7 @@ from typing import ParamSpec, TypeVar
 from temporalio.exceptions import ApplicationError
 
 from relaunch.connectors.audit import AuditStore
+from relaunch.connectors.logstores import LogStore
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
@@ -25,6 +26,7 @@ class Deps:
     config: ClusterConfig
     scheduler: SlurmCli
     audit: AuditStore
+    log_store: LogStore | None = None  # None: job and kernel logs are read from files
 
     async def audit_row(
         self,

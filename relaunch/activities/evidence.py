@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from relaunch.activities.deps import Deps, typed_errors
+from relaunch.activities.remote_logs import fetch_evidence_logs
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.detection.attribution import attribute_bundle
@@ -31,6 +32,7 @@ from relaunch.models.recovery import (
     PlanInput,
     Verdict,
 )
+from relaunch.models.scheduler import Job
 
 LOG_TAIL_BYTES = 4 * 1024 * 1024
 NODE_LOG_TAIL_BYTES = 1024 * 1024
@@ -94,6 +96,22 @@ def _since(text: str, start: datetime | None) -> str:
     return "".join(kept)
 
 
+def _file_logs(job: Job, start: int, pattern: str | None) -> tuple[str, dict[str, str]]:
+    """The job's output from its files (from byte ``start``) and each node's kernel-log file."""
+    logs = [_tail(Path(job.stdout_path), LOG_TAIL_BYTES, start)] if job.stdout_path else []
+    if job.stderr_path and job.stderr_path != job.stdout_path:
+        logs.append(_tail(Path(job.stderr_path), LOG_TAIL_BYTES))
+    node_logs: dict[str, str] = {}
+    for node in job.nodes:
+        if pattern:
+            text = _since(
+                _tail(Path(pattern.format(node=node)), NODE_LOG_TAIL_BYTES), job.start_time
+            )
+            if text:
+                node_logs[node] = text
+    return "\n".join(logs), node_logs
+
+
 class EvidenceActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -151,20 +169,11 @@ class EvidenceActivities:
         # With JobFileAppend a requeued job's log holds every attempt; an earlier attempt's
         # lines were that attempt's evidence, not this one's.
         start = await self._attempt_log_start(inp, job.stdout_path)
-        logs = [_tail(Path(job.stdout_path), LOG_TAIL_BYTES, start)] if job.stdout_path else []
-        if job.stderr_path and job.stderr_path != job.stdout_path:
-            logs.append(_tail(Path(job.stderr_path), LOG_TAIL_BYTES))
-        job_log = "\n".join(logs)
+        if self.deps.log_store is not None:  # Loki / VictoriaLogs: this attempt's time range
+            job_log, node_logs = await fetch_evidence_logs(self.deps.log_store, inp.cluster, job)
+        else:
+            job_log, node_logs = _file_logs(job, start, self.deps.config.node_log_pattern)
         log_size = _size(Path(job.stdout_path)) if job.stdout_path else 0
-        node_logs: dict[str, str] = {}
-        pattern = self.deps.config.node_log_pattern
-        for node in job.nodes:
-            if pattern:
-                text = _since(
-                    _tail(Path(pattern.format(node=node)), NODE_LOG_TAIL_BYTES), job.start_time
-                )
-                if text:
-                    node_logs[node] = text
         checkpoints = _CHECKPOINT.findall(job_log)
         events = await self.deps.audit.events(inp.incident_id)
         bundle_job = BundleJob(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from relaunch.models.logstore import LogStoreSettings
 from relaunch.models.recovery import Policy
 
 
@@ -27,6 +28,10 @@ class ClusterConfig(BaseModel):
     bundle_dir: str
     node_log_pattern: str | None = Field(
         default=None, description="per-node kernel-log source, e.g. /var/log/nodes/{node}/kern.log"
+    )
+    logs: LogStoreSettings = Field(
+        default_factory=LogStoreSettings,
+        description="job and kernel logs: files, Loki, VictoriaLogs",
     )
     policy: Policy = Field(default_factory=Policy)
     watch: WatchSettings = Field(default_factory=WatchSettings)

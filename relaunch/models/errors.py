@@ -62,3 +62,21 @@ class VerificationError(SchedulerError):
 
 class StackError(RelaunchError):
     """The local development stack could not be started, stopped or inspected."""
+
+
+class LogStoreError(RelaunchError):
+    """A log store (Loki, VictoriaLogs) refused or failed a query; retrying will not help."""
+
+
+class LogStoreUnavailableError(LogStoreError):
+    """The log store cannot be reached, timed out, or answered 5xx / 429; retry later."""
+
+    retryable = True
+
+
+class LogQueryError(LogStoreError):
+    """The log store rejected the query itself (HTTP 400): its own error text is in the message."""
+
+
+class LogStoreAuthError(LogStoreError):
+    """The log store refused the credentials or the tenant (HTTP 401 / 403)."""

@@ -13,6 +13,7 @@ from relaunch.models.errors import InvalidNameError
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?(?:\+[0-9]{1,4})?")
 _PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 # Reason text goes to `scontrol ... reason=<text>` as one argv element; it is still kept to
 # printable ASCII without quotes or shell metacharacters so that it reads the same everywhere
@@ -46,6 +47,11 @@ def job_id(value: object) -> str:
 def partition(value: object) -> str:
     """Return ``value`` if it is a safe partition name."""
     return _check("partition", value, _PARTITION)
+
+
+def cluster_name(value: object) -> str:
+    """Return ``value`` if it is a safe cluster name."""
+    return _check("cluster name", value, _CLUSTER)
 
 
 def user_name(value: object) -> str:

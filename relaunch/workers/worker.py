@@ -20,6 +20,7 @@ from relaunch.activities.actions import ActionActivities
 from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.connectors.audit import AuditStore
+from relaunch.connectors.logstores import open_log_store
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
@@ -77,9 +78,12 @@ def build_worker(client: Client, deps: Deps, *, queue: str | None = None) -> Wor
 
 
 async def run_worker(config: ClusterConfig) -> None:
+    log_store = open_log_store(config.logs)  # first: a missing secret fails before connecting
     client = await connect(config)
     audit = await AuditStore.open(config.database_url)
-    deps = Deps(config=config, scheduler=SlurmCli(env=config.slurm_env), audit=audit)
+    deps = Deps(
+        config=config, scheduler=SlurmCli(env=config.slurm_env), audit=audit, log_store=log_store
+    )
     worker = build_worker(client, deps)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -92,3 +96,5 @@ async def run_worker(config: ClusterConfig) -> None:
             log.info("shutting down")
     finally:
         await audit.close()
+        if log_store is not None:
+            await log_store.aclose()
