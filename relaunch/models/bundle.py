@@ -7,6 +7,7 @@ A directory holding ``job.json``, ``logs/job.log``, optional ``nodes/<node>.log`
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
@@ -37,12 +38,52 @@ class BundleJob(BaseModel):
         return None
 
 
+class TelemetrySource(StrEnum):
+    """Where a telemetry sample was read."""
+
+    NVML = "nvml"
+    DCGM = "dcgm"
+    KERNEL = "kernel"
+
+
 class TelemetrySample(BaseModel):
+    """One reading for one GPU of one node (``gpu`` is None for a node-level kernel line).
+
+    A line of ``telemetry.jsonl``. Only ``node`` is required; every other field is absent when
+    its source does not report it (a GPU without row remapping, a kernel line without a GPU).
+    Counters are totals as the source reports them, not deltas.
+    """
+
     node: str
     gpu: int | None = None
     time: datetime | None = None
     xid: int | None = None
     ecc_dbe_volatile: int | None = None
+    # Additive fields (the node agent, dcgm-exporter, the kernel log); readers must not
+    # require them.
+    source: TelemetrySource | None = None
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    ecc_dbe_aggregate: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    nvlink_errors: int | None = Field(
+        default=None, description="replay + recovery + CRC (flit and data) errors, all links"
+    )
+    throttle: list[str] | None = Field(
+        default=None,
+        description="active slowdown reasons: hw_slowdown, hw_thermal, sw_thermal, "
+        "hw_power_brake, sw_power_cap",
+    )
+    errors: list[str] | None = Field(
+        default=None, description="reads that failed or hung (a hung NVML call is a symptom)"
+    )
+    signature: str | None = Field(default=None, description="catalogue id of a kernel line")
+    message: str | None = Field(default=None, description="the kernel line, as printed")
 
 
 class Bundle(BaseModel):

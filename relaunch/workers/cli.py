@@ -298,6 +298,10 @@ from relaunch.workers import cli_recovery  # noqa: E402
 
 cli_recovery.register(cli)
 
+from relaunch.workers import agent as agent_command  # noqa: E402
+
+agent_command.register(cli)
+
 
 def main() -> None:
     """Entry point. Ends with ``os._exit``: the Temporal client's Rust runtime keeps threads that

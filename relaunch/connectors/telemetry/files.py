@@ -1,0 +1,121 @@
+"""Telemetry as JSON lines in a file: the node agent appends, the watcher tails.
+
+In the dev stack each node's agent writes ``.relaunch/nodes/<node>/telemetry.jsonl`` on a
+shared filesystem and the watcher reads every node's file with a :class:`TelemetryTail`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from relaunch.connectors.logs import DEFAULT_MAX_READ, FileTail
+from relaunch.models.bundle import TelemetrySample
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 1 << 20
+
+
+class LineSplitter:
+    """Turns appended byte chunks into complete lines (bytes, no newline).
+
+    The unterminated last line waits for its newline; one longer than ``max_line_bytes`` is
+    dropped (``overlong`` counts it) rather than held forever.
+    """
+
+    def __init__(self, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self._partial = b""
+        self._max = max_line_bytes
+        self.overlong = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._partial + data
+        cut = buf.rfind(b"\n") + 1
+        self._partial = buf[cut:]
+        if len(self._partial) > self._max:
+            self._partial = b""
+            self.overlong += 1
+        return [line.removesuffix(b"\r") for line in buf[: cut - 1].split(b"\n")] if cut else []
+
+    def reset(self) -> None:
+        """Forget the unterminated line (its file was truncated or replaced)."""
+        self._partial = b""
+
+
+class TelemetryTail:
+    """Incremental reader of a telemetry JSONL file.
+
+    Each :meth:`read` returns the samples in the complete lines appended since the last call.
+    A partial last line waits for its newline (the writer may be mid-write); a line that is not
+    a valid sample is skipped and counted in ``malformed`` (``last_error`` says why). A missing
+    file reads as empty; a truncated or replaced file is read again from its start. Never raises
+    for the file's content.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        from_end: bool = False,
+        max_read: int = DEFAULT_MAX_READ,
+    ) -> None:
+        self.path = Path(path)
+        self._tail = FileTail.at_end(path, max_read=max_read) if from_end else FileTail(path)
+        self._lines = LineSplitter()
+        self.malformed = 0
+        self.last_error: str | None = None
+
+    @property
+    def truncations(self) -> int:
+        return self._tail.truncations
+
+    def read(self) -> list[TelemetrySample]:
+        """The samples appended since the last read (maybe none)."""
+        before = self._tail.truncations
+        data = self._tail.read()
+        if self._tail.truncations != before:
+            self._lines.reset()
+        overlong = self._lines.overlong
+        out: list[TelemetrySample] = []
+        for raw in self._lines.feed(data):
+            if not raw.strip():
+                continue
+            try:
+                out.append(TelemetrySample.model_validate(json.loads(raw)))
+            except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
+                self.malformed += 1
+                self.last_error = f"{self.path}: not a telemetry sample: {_short(exc)}"
+                log.warning("skipping a malformed telemetry line", extra={"path": str(self.path)})
+        if self._lines.overlong != overlong:
+            self.malformed += self._lines.overlong - overlong
+            self.last_error = f"{self.path}: a line longer than {MAX_LINE_BYTES} bytes"
+        return out
+
+
+def append_samples(path: str | os.PathLike[str], samples: list[TelemetrySample]) -> None:
+    """Append ``samples`` to ``path`` as JSON lines, in one write, creating parent folders.
+
+    One ``write`` on an ``O_APPEND`` descriptor keeps concurrent writers' lines whole.
+    """
+    if not samples:
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(s.model_dump_json(exclude_none=True) + "\n" for s in samples).encode()
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
