@@ -15,12 +15,13 @@ from temporalio import activity
 
 from relaunch.activities.deps import Deps, typed_errors
 from relaunch.activities.remote_logs import fetch_evidence_logs
+from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
-from relaunch.detection.attribution import attribute_bundle
+from relaunch.detection.attribution import attribute_bundle, implicated
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.planning import PlanHistory, make_plan
-from relaunch.models.bundle import BundleJob
+from relaunch.models.bundle import BundleJob, TelemetrySample
 from relaunch.models.recovery import (
     ActionPlan,
     AttributeInput,
@@ -96,6 +97,28 @@ def _since(text: str, start: datetime | None) -> str:
     return "".join(kept)
 
 
+def _telemetry(job: Job, pattern: str | None) -> list[TelemetrySample]:
+    """The job's nodes' agent samples: those since the job started, and each GPU's last one
+    before it (the baseline a counter must rise above)."""
+    if not pattern:
+        return []
+    out: list[TelemetrySample] = []
+    for node in job.nodes:
+        before: dict[int | None, TelemetrySample] = {}
+        during: list[TelemetrySample] = []
+        for line in _tail(Path(pattern.format(node=node)), NODE_LOG_TAIL_BYTES).splitlines():
+            try:
+                sample = TelemetrySample.model_validate_json(line)
+            except ValueError:
+                continue  # a torn or foreign line: the agent's other lines still count
+            if job.start_time and sample.time and sample.time < job.start_time:
+                before[sample.gpu] = sample
+            else:
+                during.append(sample)
+        out += [*before.values(), *during]
+    return out
+
+
 def _file_logs(job: Job, start: int, pattern: str | None) -> tuple[str, dict[str, str]]:
     """The job's output from its files (from byte ``start``) and each node's kernel-log file."""
     logs = [_tail(Path(job.stdout_path), LOG_TAIL_BYTES, start)] if job.stdout_path else []
@@ -110,6 +133,16 @@ def _file_logs(job: Job, start: int, pattern: str | None) -> tuple[str, dict[str
             if text:
                 node_logs[node] = text
     return "\n".join(logs), node_logs
+
+
+def _last_progress(events: list[StoredEvent]) -> datetime | None:
+    """When training last advanced, as the watcher's hang detections state it."""
+    stamps = [
+        datetime.fromisoformat(str(e.data["fault_time"]))
+        for e in events
+        if e.kind == "detection" and e.data.get("source") == "progress" and e.data.get("fault_time")
+    ]
+    return min(stamps) if stamps else None
 
 
 class EvidenceActivities:
@@ -187,9 +220,11 @@ class EvidenceActivities:
             observed_at=datetime.now(UTC),
             unreachable_nodes=unreachable,
             detections=[e.summary for e in events if e.kind == "detection"],
+            last_progress_at=_last_progress(events),
         )
         path = Path(self.deps.config.bundle_dir) / inp.incident_id
-        await asyncio.to_thread(write_bundle, path, bundle_job, job_log, node_logs)
+        telemetry = _telemetry(job, self.deps.config.telemetry_pattern)
+        await asyncio.to_thread(write_bundle, path, bundle_job, job_log, node_logs, telemetry)
         summary = EvidenceSummary(
             incident_id=inp.incident_id,
             bundle_path=str(path),
@@ -231,7 +266,16 @@ class EvidenceActivities:
     @typed_errors
     async def attribute(self, inp: AttributeInput) -> Verdict:
         bundle = await asyncio.to_thread(read_bundle, Path(inp.bundle_path))
-        verdict = attribute_bundle(bundle)
+        config = self.deps.config
+        policy = config.policy
+        since = datetime.now(UTC) - timedelta(hours=policy.repeat_offender_window_hours)
+        history = await self.deps.audit.node_reputation(config.name, since)
+        verdict = await asyncio.to_thread(
+            attribute_bundle,
+            bundle,
+            reputation={r.node: r.incidents for r in history},
+            repeat_offender=policy.repeat_offender_incidents,
+        )
         await self.deps.audit_row(
             inp.incident_id,
             "verdict",
@@ -239,7 +283,7 @@ class EvidenceActivities:
             f"(confidence {verdict.confidence:.2f}): {verdict.summary}",
             dedupe="verdict",
             nodes=verdict.culprit_nodes,
-            data=verdict.model_dump(mode="json"),
+            data={**verdict.model_dump(mode="json"), "implicated": implicated(verdict, bundle)},
         )
         return verdict
 

@@ -10,7 +10,7 @@ Lines from a node's log that predate the job are kept aside as stale, not used.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -110,10 +110,9 @@ def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
             )
             stale = floor is not None and m.timestamp is not None and m.timestamp < floor
             (out.stale if stale else out.items).append(finding)
-    for no, sample in enumerate(bundle.telemetry, 1):
-        for finding in _telemetry(sample, no, catalogue, job.nodes):
-            stale = floor is not None and finding.time is not None and finding.time < floor
-            (out.stale if stale else out.items).append(finding)
+    for finding in telemetry_findings(bundle.telemetry, catalogue, job.nodes):
+        stale = floor is not None and finding.time is not None and finding.time < floor
+        (out.stale if stale else out.items).append(finding)
     return out
 
 
@@ -150,43 +149,48 @@ def _torchrun_ranks(text: str, nodes: list[str], exits: dict[int, int]) -> dict[
     return out
 
 
-def _telemetry(
-    sample: TelemetrySample, no: int, catalogue: Catalogue, nodes: list[str]
+# Counters whose rise means an uncorrectable memory fault on that GPU.
+_HARDWARE_COUNTERS = ("ecc_dbe_volatile", "remapped_rows_uncorrectable", "retired_pages_dbe")
+
+
+def telemetry_findings(
+    samples: Sequence[TelemetrySample], catalogue: Catalogue, nodes: Sequence[str]
 ) -> list[Finding]:
-    """GPU telemetry as findings: an Xid goes through the catalogue like a kernel line (so an
-    Xid 63 stays informational); uncorrectable memory errors are hardware roots."""
-    node = sample.node if sample.node in nodes else None
-    where = f"gpu {sample.gpu}" if sample.gpu is not None else "gpu ?"
-    texts: list[str] = []
-    if sample.xid is not None:
-        texts.append(f"NVRM: Xid (telemetry {sample.node} {where}): {sample.xid}, telemetry")
+    """GPU telemetry as findings. A kernel line a sample carries, or its Xid, goes through the
+    catalogue like any kernel line (so an Xid 63 stays informational). A counter of
+    uncorrectable memory errors counts when it rose between two samples of the same GPU, or,
+    for a GPU sampled once, when it is not zero; a row-remapping failure counts as it is."""
     out: list[Finding] = []
-    for text in texts:
-        m = catalogue.match_line(text, line_no=no, source="telemetry", source_node=sample.node)
-        if m is not None:
-            out.append(
-                Finding(
-                    m.model_copy(update={"timestamp": sample.time}),
-                    "telemetry.jsonl",
-                    node,
-                    sample.time,
-                )
-            )
-    counters = {
-        "ecc_dbe_volatile": sample.ecc_dbe_volatile,
-        "remapped_rows_failure": getattr(sample, "remapped_rows_failure", None),
-    }
-    for name, value in counters.items():
-        if value:
-            text = f"{sample.node} {where}: {name}={value}"
+    last: dict[tuple[str, int | None], TelemetrySample] = {}
+    for no, sample in enumerate(samples, 1):
+        node = sample.node if sample.node in nodes else None
+        where = f"gpu {sample.gpu}" if sample.gpu is not None else "gpu ?"
+        text = sample.message
+        if text is None and sample.xid is not None:
+            text = f"NVRM: Xid (telemetry {sample.node} {where}): {sample.xid}, telemetry"
+        if text:
+            m = catalogue.match_line(text, line_no=no, source="telemetry", source_node=sample.node)
+            if m is not None:
+                stamped = m.model_copy(update={"timestamp": sample.time or m.timestamp})
+                out.append(Finding(stamped, "telemetry.jsonl", node, stamped.timestamp))
+        before = last.get((sample.node, sample.gpu))
+        last[(sample.node, sample.gpu)] = sample
+        risen = [
+            f"{name}={getattr(sample, name)}"
+            for name in _HARDWARE_COUNTERS
+            if (getattr(sample, name) or 0) > (getattr(before, name) or 0 if before else 0)
+        ]
+        if sample.remapped_rows_failure:
+            risen.append("remapped_rows_failure=true")
+        if risen:
             m = SignatureMatch(
-                signature=f"telemetry_{name}",
+                signature="telemetry_memory_error",
                 category=Category.GPU_HARDWARE,
                 role=Role.ROOT,
                 severity=5,
                 source="telemetry",
                 line_no=no,
-                text=text,
+                text=f"{sample.node} {where}: {', '.join(risen)}",
                 host=sample.node,
                 timestamp=sample.time,
             )

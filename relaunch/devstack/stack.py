@@ -218,6 +218,7 @@ class Stack:
             database_url=self.database_url,
             bundle_dir=str(self.state_dir / "bundles"),
             node_log_pattern=str(self.state_dir / "nodes" / "{node}" / "kern.log"),
+            telemetry_pattern=str(self.state_dir / "nodes" / "{node}" / "telemetry.jsonl"),
         )
 
     def write_cluster_config(self) -> None:

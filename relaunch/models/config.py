@@ -12,6 +12,9 @@ class WatchSettings(BaseModel):
     partitions: list[str] = Field(default_factory=list, description="watch every job here")
     opt_in_comment: bool = True
     poll_interval_s: float = Field(default=1.0, gt=0, le=2.0)
+    log_interval_s: float = Field(
+        default=0.25, gt=0, le=2.0, description="how often watched logs are read between polls"
+    )
     hang_threshold_s: float = 120.0
     progress_pattern: str | None = None
 
@@ -28,6 +31,11 @@ class ClusterConfig(BaseModel):
     bundle_dir: str
     node_log_pattern: str | None = Field(
         default=None, description="per-node kernel-log source, e.g. /var/log/nodes/{node}/kern.log"
+    )
+    telemetry_pattern: str | None = Field(
+        default=None,
+        description="where `relaunch agent --output` writes each node's telemetry.jsonl, "
+        "e.g. /shared/relaunch/{node}/telemetry.jsonl",
     )
     logs: LogStoreSettings = Field(
         default_factory=LogStoreSettings,

@@ -294,9 +294,10 @@ def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
     _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
 
 
-from relaunch.workers import cli_recovery  # noqa: E402
+from relaunch.workers import cli_attribution, cli_recovery  # noqa: E402
 
 cli_recovery.register(cli)
+cli_attribution.register(cli)
 
 from relaunch.workers import agent as agent_command  # noqa: E402
 

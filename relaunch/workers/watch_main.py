@@ -23,8 +23,10 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         partitions=config.watch.partitions,
         opt_in_comment=config.watch.opt_in_comment,
         poll_interval_s=config.watch.poll_interval_s,
+        log_interval_s=config.watch.log_interval_s,
         hang_threshold_s=config.watch.hang_threshold_s,
         node_log_pattern=config.node_log_pattern,
+        telemetry_pattern=config.telemetry_pattern,
         progress_pattern=config.watch.progress_pattern,
     )
 

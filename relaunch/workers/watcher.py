@@ -35,11 +35,13 @@ from pydantic import BaseModel, Field, field_validator
 
 from relaunch.connectors.logs import FileTail
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
+from relaunch.connectors.telemetry import TelemetryTail
+from relaunch.detection.findings import normalise_host, telemetry_findings
 from relaunch.detection.lines import Line, LineBuffer
 from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import Catalogue, Culprit, Role, SignatureMatch
-from relaunch.models import hostlist
-from relaunch.models.errors import InvalidNameError, RelaunchError
+from relaunch.models.bundle import TelemetrySample
+from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState
 
@@ -68,18 +70,24 @@ class WatchConfig(BaseModel):
     partitions: list[str] = Field(default_factory=list, description="watched wholesale")
     opt_in_comment: bool = Field(default=True, description="watch jobs with relaunch=on")
     poll_interval_s: float = Field(default=1.0, gt=0, le=2.0)
+    log_interval_s: float = Field(
+        default=0.25, gt=0, description="between polls, how often watched jobs' logs are read"
+    )
     hang_threshold_s: float = Field(default=120.0, gt=0)
     stall_k: float = Field(default=10.0, gt=0, description="stall = k × the median step time")
     node_log_pattern: str | None = Field(default=None, description="with {node}, per node")
+    telemetry_pattern: str | None = Field(
+        default=None, description="the node agents' telemetry.jsonl files, with {node}"
+    )
     progress_pattern: str | None = Field(default=None, description="a regex with group `step`")
     max_read_bytes: int = Field(default=8 << 20, gt=0, description="per file per poll")
     max_pending: int = Field(default=10_000, gt=0, description="undelivered detections kept")
 
-    @field_validator("node_log_pattern")
+    @field_validator("node_log_pattern", "telemetry_pattern")
     @classmethod
     def _has_node(cls, value: str | None) -> str | None:
         if value is not None and "{node}" not in value:
-            raise ValueError("node_log_pattern must contain {node}")
+            raise ValueError("a per-node pattern must contain {node}")
         return value
 
 
@@ -119,11 +127,14 @@ class _Stream:
 
 @dataclass
 class _JobWatch:
+    job: Job
     restart_count: int
     from_start: bool
     progress: ProgressTracker
     logs: dict[str, _Stream] = field(default_factory=dict)
     node_logs: dict[str, _Stream] = field(default_factory=dict)
+    telemetry: dict[str, TelemetryTail] = field(default_factory=dict)
+    gpus: dict[tuple[str, int | None], TelemetrySample] = field(default_factory=dict)
     drain_seen: dict[str, bool] = field(default_factory=dict)
     emitted: set[tuple[int, str, tuple[str, ...]]] = field(default_factory=set)
 
@@ -195,15 +206,35 @@ class Watcher:
         self.stats.last_poll_s = time.monotonic() - started
         return found
 
+    def read_logs_once(self, now: datetime | None = None) -> list[Detection]:
+        """Between polls: read what watched jobs' logs gained since the last read, without
+        asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll)."""
+        wall = now or datetime.now(UTC)
+        clock = wall.timestamp() if now else time.monotonic()
+        found: list[Detection] = []
+        for watch in self._jobs.values():
+            poll = _Poll(self.config.cluster, watch.job, watch, watch.restart_count, wall, clock)
+            self._job_logs(poll)
+            self._node_logs(poll)
+            self._telemetry(poll)
+            found.extend(d for d in poll.found if watch.first_time(d))
+        self.stats.detections += len(found)
+        return found
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Poll until ``stop`` is set, handing each detection to ``on_detection``. Scheduler
-        errors are logged and the next poll tries again; a detection whose delivery fails is
-        kept and delivered later."""
+        """Poll until ``stop`` is set, reading logs every ``log_interval_s`` in between, and
+        hand each detection to ``on_detection``. Scheduler errors are logged and the next poll
+        tries again; a detection whose delivery fails is kept and delivered later."""
         pending: deque[Detection] = deque()
+        next_poll = 0.0
         while not stop.is_set():
             started = time.monotonic()
             try:
-                pending.extend(await self.poll_once())
+                if started >= next_poll:
+                    next_poll = started + self.config.poll_interval_s
+                    pending.extend(await self.poll_once())
+                else:
+                    pending.extend(self.read_logs_once())
             except RelaunchError as exc:
                 self._failed(exc, retryable=exc.retryable)
             except Exception as exc:
@@ -213,9 +244,9 @@ class Watcher:
                 dropped = pending.popleft()
                 logger.error("dropping undelivered detection", extra=_fields(dropped))
             await self._deliver(pending)
-            delay = max(0.0, self.config.poll_interval_s - (time.monotonic() - started))
+            wake = min(next_poll, time.monotonic() + self.config.log_interval_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, wake - time.monotonic()))
 
     def _failed(self, exc: Exception, *, retryable: bool) -> None:
         self.stats.errors += 1
@@ -240,7 +271,10 @@ class Watcher:
         watch = self._jobs.get(job.job_id)
         if watch is None:
             fresh = job.restart_count == 0 and LINEAGE_KEY not in job.comment_fields
-            watch = self._jobs[job.job_id] = _JobWatch(job.restart_count, fresh, self._tracker())
+            watch = self._jobs[job.job_id] = _JobWatch(
+                job, job.restart_count, fresh, self._tracker()
+            )
+        watch.job = job
         requeued = job.restart_count > watch.restart_count
         poll = _Poll(self.config.cluster, job, watch, watch.restart_count, wall, clock)
         if requeued:
@@ -255,6 +289,7 @@ class Watcher:
             self._node_states(poll, nodes)
         self._job_logs(poll)
         self._node_logs(poll)
+        self._telemetry(poll)
         if job.state is JobState.RUNNING and not requeued:
             self._progress(poll)
         return [d for d in poll.found if watch.first_time(d)]
@@ -317,6 +352,33 @@ class Watcher:
                     culprits = [node] if match.role is Role.ROOT else []
                     poll.add_match(match, culprits, DetectionSource.NODE_LOG)
 
+    def _telemetry(self, poll: _Poll) -> None:
+        """New samples from the node agents of the job's nodes; a GPU's earlier sample is the
+        baseline a counter must rise above."""
+        pattern, watch = self.config.telemetry_pattern, poll.watch
+        if pattern is None:
+            return
+        for node in poll.job.nodes:
+            tail = watch.telemetry.get(node)
+            first = tail is None
+            if tail is None:
+                # Read from the start once: what the agent said before is each GPU's baseline,
+                # not news (the agent writes only on change, so the file stays small).
+                path = pattern.replace("{node}", node)
+                tail = watch.telemetry[node] = TelemetryTail(path)
+            samples = tail.read()
+            if first:
+                watch.gpus.update({(node, s.gpu): s for s in samples})
+                continue
+            baseline = [
+                watch.gpus[key] for key in {(node, s.gpu) for s in samples} if key in watch.gpus
+            ]
+            for s in samples:
+                watch.gpus[(node, s.gpu)] = s
+            for finding in telemetry_findings(baseline + samples, self._catalogue, poll.job.nodes):
+                if finding.match.line_no > len(baseline) and finding.role is Role.ROOT:
+                    poll.add_match(finding.match, [node], DetectionSource.TELEMETRY)
+
     def _progress(self, poll: _Poll) -> None:
         tracker, floor, clock = poll.watch.progress, self.config.hang_threshold_s, poll.clock
         last, source = tracker.last_advance, DetectionSource.PROGRESS
@@ -350,11 +412,7 @@ class Watcher:
             node = self._rank_node(poll, match.rank)
             return [node] if node else []
         if culprit is Culprit.LINE_HOST and match.host:
-            try:
-                names = [name.split(".")[0] for name in hostlist.expand(match.host)]
-            except InvalidNameError:
-                names = [match.host.split(".")[0]]
-            return [n for n in names if n in allocated] if allocated else names
+            return normalise_host(match.host, allocated)  # the attribution engine's rule
         return []
 
     @staticmethod

@@ -79,3 +79,33 @@ async def test_migrations_apply_once(database_url: str) -> None:
         cur = await conn.execute("select count(*) from schema_migrations")
         row = await cur.fetchone()
         assert row is not None and row[0] == first
+
+
+async def test_node_reputation_counts_incidents_that_implicated_each_node(
+    database_url: str,
+) -> None:
+    store = await AuditStore.open(database_url)
+    cluster = f"rep{uuid.uuid4().hex[:6]}"
+    verdicts = [
+        ("1", "gpu_hardware", ["n2"]),  # named by the evidence
+        ("2", "unknown", ["n1", "n2", "n3"]),  # nobody named: the whole allocation
+        ("3", "hang", ["n2", "n4"]),
+        ("4", "application", []),  # nobody's node
+    ]
+    try:
+        for job, category, implicated in verdicts:
+            inc = f"relaunch-{cluster}-{job}-0"
+            await store.ensure_incident(inc, cluster, job, 0)
+            await store.record(
+                _rec(inc, "verdict", data={"category": category, "implicated": implicated})
+            )
+        rows = await store.node_reputation(cluster, datetime.now(UTC) - timedelta(hours=1))
+        counts = {r.node: r.incidents for r in rows}
+        assert counts == {"n2": 3, "n1": 1, "n3": 1, "n4": 1}
+        n2 = rows[0]
+        assert n2.node == "n2" and n2.jobs == 3
+        assert sorted(n2.categories) == ["gpu_hardware", "hang", "unknown"]
+        later = await store.node_reputation(cluster, datetime.now(UTC) + timedelta(minutes=1))
+        assert later == []
+    finally:
+        await store.close()

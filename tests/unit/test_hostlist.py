@@ -2,8 +2,8 @@
 
 import pytest
 
-from relaunch.models.hostlist import compress, expand
 from relaunch.models.errors import InvalidNameError
+from relaunch.models.hostlist import compress, expand
 
 
 @pytest.mark.parametrize(

@@ -391,3 +391,39 @@ def test_config_is_checked() -> None:
         WatchConfig(cluster="dev", node_log_pattern="/var/log/kern.log")
     with pytest.raises(ValueError):
         WatchConfig(cluster="dev", poll_interval_s=5)
+
+
+async def test_logs_are_read_between_scheduler_polls(
+    scheduler: FakeScheduler, log: Path, tmp_path: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []
+    polls = dict(scheduler.calls)
+    append(log, "0: RuntimeError: boom\n")
+    (found,) = watcher.read_logs_once(T0)
+    assert found.kind == "signature:python_exception"
+    assert dict(scheduler.calls) == polls  # the scheduler was not asked again
+    assert watcher.read_logs_once(T0) == []
+
+
+async def test_telemetry_counter_rise_on_one_gpu(scheduler: FakeScheduler, tmp_path: Path) -> None:
+    pattern = str(tmp_path / "nodes" / "{node}" / "telemetry.jsonl")
+    n2 = tmp_path / "nodes" / "n2" / "telemetry.jsonl"
+    append(n2, '{"node": "n2", "gpu": 3, "ecc_dbe_volatile": 1}\n')  # history: not news
+    watcher = make_watcher(scheduler, tmp_path, telemetry_pattern=pattern)
+    assert await watcher.poll_once(T0) == []
+    append(n2, '{"node": "n2", "gpu": 3, "ecc_dbe_volatile": 1, "throttle": ["hw_thermal"]}\n')
+    assert await watcher.poll_once(T0) == []  # a sample, but no counter rose
+    append(
+        n2, '{"node": "n2", "gpu": 3, "ecc_dbe_volatile": 2}\n{"node": "n2", "gpu": 0, "xid": 63}\n'
+    )
+    (found,) = await watcher.poll_once(T0)
+    assert (found.source, found.kind, found.nodes) == (
+        DetectionSource.TELEMETRY,
+        "signature:telemetry_memory_error",
+        ["n2"],
+    )
+    assert "ecc_dbe_volatile=2" in found.text
+    append(n2, '{"node": "n2", "gpu": 1, "xid": 79}\n')
+    (xid,) = await watcher.poll_once(T0)
+    assert xid.kind == "signature:xid_79" and xid.nodes == ["n2"]

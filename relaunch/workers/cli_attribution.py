@@ -1,0 +1,184 @@
+"""CLI commands of attribution: classify and explain incident bundles, and node reputation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import click
+
+from relaunch.connectors.bundles import read_bundle
+from relaunch.detection.attribution import attribute_bundle
+from relaunch.detection.signatures import Catalogue
+from relaunch.models.bundle import Bundle
+from relaunch.models.errors import RelaunchError
+from relaunch.models.recovery import EvidenceLine, Verdict
+from relaunch.workers.cli_errors import fail
+from relaunch.workers.cli_recovery import config_options, load_config
+
+_ROLE_MARK = {"root": "▶", "confirm": "+", "cascade": "·", "teardown": "·", "context": "?"}
+
+
+def classify_json(path: str, verdict: Verdict) -> str:
+    """The design's `relaunch classify --json` line for one bundle."""
+    return json.dumps(
+        {
+            "bundle": path,
+            "category": verdict.category.value,
+            "culprit_nodes": sorted(verdict.culprit_nodes),
+            "action": verdict.action.value,
+            "confidence": round(verdict.confidence, 3),
+            "evidence": [
+                {"source": e.source, "line_no": e.line_no, "text": e.text, "signature": e.signature}
+                for e in verdict.evidence
+            ],
+        }
+    )
+
+
+def explain(bundle: Bundle, verdict: Verdict, *, color: bool) -> str:
+    """A human's account of one verdict: decision, decisive lines, folded cascades."""
+
+    def bold(text: str, fg: str | None = None) -> str:
+        return click.style(text, bold=True, fg=fg) if color else text
+
+    job = bundle.job
+    culprits = ", ".join(verdict.culprit_nodes) or "no node"
+    out = [
+        f"{bundle.path}: job {job.job_id} on {job.cluster}, {job.state} "
+        f"(exit {job.exit_code}) on {', '.join(job.nodes) or 'no nodes'}",
+        bold(f"verdict: {verdict.category.value} on {culprits}", "red")
+        + f"  (confidence {verdict.confidence:.2f}) → {verdict.action.value}",
+        f"why: {verdict.summary}",
+    ]
+    decisive = [e for e in verdict.evidence if e.role in ("root", "confirm")]
+    other = [e for e in verdict.evidence if e.role not in ("root", "confirm")]
+    if decisive:
+        out.append("decisive lines:")
+        out += [_line(e, lambda t: bold(t, "yellow")) for e in decisive]
+    if other:
+        out.append("supporting lines:")
+        out += [_line(e, lambda t: t) for e in other]
+    if verdict.folded:
+        total = sum(verdict.folded.values())
+        parts = ", ".join(f"{sig} ×{n}" for sig, n in list(verdict.folded.items())[:6])
+        out.append(f"folded: {total} cascade/teardown line(s), not decisive: {parts}")
+    if verdict.repeat_offenders:
+        out.append(f"named by reputation: {', '.join(verdict.repeat_offenders)}")
+    states = {n: s for n, s in job.node_states.items() if s}
+    if states:
+        out.append("node states: " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))
+    return "\n".join(out)
+
+
+def _line(e: EvidenceLine, style: Callable[[str], str]) -> str:
+    mark = _ROLE_MARK.get(e.role, " ")
+    where = f"{e.source}:{e.line_no}" + (f" [{e.node}]" if e.node else "")
+    copies = f" (×{e.count})" if e.count > 1 else ""
+    text = e.text if len(e.text) <= 160 else e.text[:157] + "..."
+    return f"  {mark} {where} {e.signature}{copies}\n      {style(text)}"
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("classify")
+    @click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object per bundle per line.")
+    @click.option(
+        "--engine",
+        type=click.Choice(["auto", "hyperscan", "literals"]),
+        default="auto",
+        show_default=True,
+        help="The scan engine (auto: hyperscan where installed).",
+    )
+    def classify_cmd(bundles: tuple[Path, ...], as_json: bool, engine: str) -> None:
+        """Attribute each incident BUNDLE: category, culprit nodes, action, confidence and the
+        evidence lines. A bundle that cannot be read is reported on stderr and the others are
+        still classified; the exit code is then 1."""
+        catalogue = Catalogue.load(engine=None if engine == "auto" else engine)
+        failed = 0
+        for path in bundles:
+            try:
+                bundle = read_bundle(path)
+            except RelaunchError as exc:
+                click.echo(f"error: {exc}", err=True)
+                failed += 1
+                continue
+            verdict = attribute_bundle(bundle, catalogue)
+            if as_json:
+                click.echo(classify_json(str(path), verdict))
+            else:
+                culprits = ",".join(verdict.culprit_nodes) or "-"
+                click.echo(
+                    f"{path}  {verdict.category.value:<14} {culprits:<16} "
+                    f"{verdict.action.value:<19} {verdict.confidence:.2f}  {verdict.summary[:80]}"
+                )
+        if failed:
+            raise SystemExit(1)
+
+    @cli.command("explain")
+    @click.argument("bundle", type=click.Path(path_type=Path))
+    @click.option("--color/--no-color", default=None, help="Highlight (default: on a terminal).")
+    def explain_cmd(bundle: Path, color: bool | None) -> None:
+        """Show the reasoning behind BUNDLE's verdict: the decisive lines highlighted, cascade
+        lines folded into counts, node states."""
+        try:
+            loaded = read_bundle(bundle)
+        except RelaunchError as exc:
+            fail(exc)
+        verdict = attribute_bundle(loaded)
+        use_color = color if color is not None else sys.stdout.isatty()
+        click.echo(explain(loaded, verdict, color=use_color))
+
+    @cli.command("nodes")
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object per node per line.")
+    @click.option(
+        "--window-hours",
+        type=float,
+        default=None,
+        help="History window (default: the policy's repeat-offender window).",
+    )
+    @config_options
+    def nodes_cmd(
+        as_json: bool,
+        window_hours: float | None,
+        config_path: Path | None,
+        cluster: str,
+        state_dir: Path,
+    ) -> None:
+        """Node reputation: incidents that implicated each node in the window, and whether it
+        is a repeat offender (recommend a drain and a hardware check)."""
+        from relaunch.connectors.audit import AuditStore, NodeReputation
+
+        async def go() -> tuple[int, float, list[NodeReputation]]:
+            config = load_config(config_path, cluster, state_dir)
+            policy = config.policy
+            hours = window_hours or policy.repeat_offender_window_hours
+            store = await AuditStore.open(config.database_url, timeout=5)
+            try:
+                since = datetime.now(UTC) - timedelta(hours=hours)
+                rows = await store.node_reputation(config.name, since)
+            finally:
+                await store.close()
+            return policy.repeat_offender_incidents, hours, rows
+
+        try:
+            threshold, hours, rows = asyncio.run(go())
+        except RelaunchError as exc:
+            fail(exc)
+        for row in rows:
+            offender = row.incidents >= threshold
+            if as_json:
+                click.echo(json.dumps({**row.model_dump(mode="json"), "repeat_offender": offender}))
+                continue
+            flag = "REPEAT OFFENDER: drain and check hardware" if offender else ""
+            click.echo(
+                f"{row.node:<14} {row.incidents:>3} incident(s) in {row.jobs} job(s)  "
+                f"last {row.last_at:%Y-%m-%d %H:%M}  {','.join(sorted(row.categories)):<24} "
+                f"{flag}"
+            )
+        if not rows and not as_json:
+            click.echo(f"no node implicated in the last {hours:g} h")

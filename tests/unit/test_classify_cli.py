@@ -1,0 +1,85 @@
+"""`relaunch classify` and `relaunch explain` as a user runs them (design contract)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from relaunch.connectors.bundles import write_bundle
+from relaunch.models.bundle import BundleJob
+from relaunch.workers.cli import cli
+
+XID = (
+    "2026-11-30T10:01:00+00:00 n2 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "
+    "GPU has fallen off the bus."
+)
+CASCADE = "0: [rank0]: RuntimeError: NCCL error: remote process exited or there was a network error"
+
+
+def make(tmp: Path, name: str, log: str, node_logs: dict[str, str] | None = None) -> Path:
+    job = BundleJob(
+        cluster="c",
+        job_id="9",
+        state="FAILED",
+        nodes=["n1", "n2"],
+        observed_at=datetime(2026, 11, 30, 10, 5, tzinfo=UTC),
+    )
+    return write_bundle(tmp / name, job, log, node_logs)
+
+
+def test_classify_json_is_one_object_per_bundle(tmp_path: Path) -> None:
+    hw = make(tmp_path, "hw", "\n".join([CASCADE] * 5) + "\n", {"n2": XID + "\n"})
+    app = make(tmp_path, "app", "1: Traceback (most recent call last):\n1: KeyError: 'lr'\n")
+    result = CliRunner().invoke(cli, ["classify", str(hw), str(app), "--json"])
+    assert result.exit_code == 0, result.output
+    first, second = (json.loads(line) for line in result.output.splitlines())
+    assert set(first) == {
+        "bundle",
+        "category",
+        "culprit_nodes",
+        "action",
+        "confidence",
+        "evidence",
+    }
+    assert (first["bundle"], first["category"], first["culprit_nodes"]) == (
+        str(hw),
+        "gpu_hardware",
+        ["n2"],
+    )
+    assert first["action"] == "isolate_and_restart" and 0 < first["confidence"] <= 1
+    assert first["evidence"][0] == {
+        "source": "nodes/n2.log",
+        "line_no": 1,
+        "text": XID,
+        "signature": "xid_79",
+    }
+    assert (second["category"], second["culprit_nodes"], second["action"]) == (
+        "application",
+        [],
+        "hold",
+    )
+
+
+def test_classify_reports_a_bad_bundle_and_goes_on(tmp_path: Path) -> None:
+    good = make(tmp_path, "good", "0: ValueError: nope\n")
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(cli, ["classify", str(tmp_path / "empty"), str(good), "--json"])
+    assert result.exit_code == 1
+    assert "not an incident bundle (no job.json)" in result.stderr
+    assert json.loads(result.stdout)["category"] == "application"
+    assert "Traceback" not in result.output
+
+
+def test_explain_shows_the_decisive_line_and_folds_the_cascade(tmp_path: Path) -> None:
+    hw = make(tmp_path, "hw", "\n".join([CASCADE] * 5) + "\n", {"n2": XID + "\n"})
+    result = CliRunner().invoke(cli, ["explain", str(hw), "--no-color"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "verdict: gpu_hardware on n2" in out
+    assert "decisive lines:" in out and "nodes/n2.log:1 [n2] xid_79" in out
+    assert "folded: 5 cascade/teardown line(s)" in out and "nccl_error ×5" in out
+    missing = CliRunner().invoke(cli, ["explain", str(tmp_path / "nope")])
+    assert missing.exit_code == 1 and "not an incident bundle" in missing.output
