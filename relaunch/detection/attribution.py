@@ -20,6 +20,7 @@ Cascade, teardown and context lines never decide; they are folded into counts.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from datetime import timedelta
@@ -36,7 +37,15 @@ _DOWN_WORDS = ("DOWN", "NOT_RESPONDING", "FAIL")
 _DRIVER_XIDS = frozenset({119, 120})
 _CONFIRMED_BY_OOM = frozenset({"srun_task_killed"})
 STALL_AFTER = timedelta(minutes=10)
+REPEAT_WINDOW = timedelta(hours=24)
 _IMPLICATING = NODE_CATEGORIES | {Category.HANG, Category.UNKNOWN}
+_PCI = re.compile(r"Xid \((?:PCI:)?([0-9A-Fa-f:.]+)")
+# Contained errors: hardware, but restarting the application is enough (§3.9).
+CONTAINED = frozenset({"xid_94"})
+# Lines that show PyTorch's watchdog tore the process down itself.
+_TEARDOWN_SIGNALS = frozenset(
+    {"nccl_teardown", "nccl_watchdog_timeout", "nccl_watchdog_exception", "nccl_heartbeat_timeout"}
+)
 REPEAT_OFFENDER = 3
 
 
@@ -78,7 +87,7 @@ def implicated(verdict: Verdict, bundle: Bundle) -> list[str]:
 def _decide(bundle: Bundle, found: Findings) -> Verdict:
     job = bundle.job
     state = job.state.upper().split()[0] if job.state.strip() else ""
-    roots = found.by_role(Role.ROOT)
+    roots = [f for f in found.by_role(Role.ROOT) if not _pointer(f, found)]
     if state == "CANCELLED":
         return _verdict(Category.USER_CANCEL, [], 0.95, _first(roots, "slurm_"), "job cancelled")
     if state == "PREEMPTED":
@@ -105,32 +114,36 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
         if category is Category.APPLICATION:
             summary = f"application error: {first.match.text[:160]}"
             return _verdict(category, [], 0.9, _dedupe(same), summary)
-        return _verdict(
-            category, [], 0.8, _dedupe(same), f"infrastructure: {first.match.text[:160]}"
-        )
+        summary = f"infrastructure: {first.match.text[:160]}"
+        return _verdict(category, [], 0.8, _dedupe(same), summary)
 
-    if state == "NODE_FAIL":
-        return _verdict(
-            Category.NODE_FAILURE, [], 0.6, [], "Slurm reports a node failure; no node named"
-        )
-
-    hang_lines = [
-        f
-        for f in found.items
-        if f.category is Category.HANG and f.role in (Role.ROOT, Role.CASCADE)
-    ]
-    if hang_lines or stalled or state in ("RUNNING", "COMPLETING"):
-        return _hang(bundle, found, stalled or f"{len(hang_lines)} hang line(s), no root cause")
+    contained = [f for f in roots if f.signature in CONTAINED]
+    if contained:
+        summary = f"contained GPU memory error (Xid 94) on {contained[0].node or '?'}: restart"
+        return _verdict(Category.GPU_HARDWARE, [], 0.8, _dedupe(contained), summary)
 
     network = [f for f in roots if f.category is Category.NETWORK]
     if network:
-        return _verdict(
-            Category.NETWORK,
-            [],
-            0.6,
-            _dedupe(network),
-            f"network error: {network[0].match.text[:160]}",
-        )
+        summary = f"network error, no node named: {network[0].match.text[:160]}"
+        return _verdict(Category.NETWORK, [], 0.6, _dedupe(network), summary)
+
+    hang_roots = [f for f in roots if f.category is Category.HANG]
+    if hang_roots:
+        return _hang(bundle, found, f"hang on rank(s): {hang_roots[0].match.text[:120]}")
+
+    unknown = [f for f in roots if f.category is Category.UNKNOWN]
+    if unknown:
+        first = min(unknown, key=_order)
+        summary = f"a rank died, cause not confirmed: {first.match.text[:120]}"
+        return _verdict(Category.UNKNOWN, [], 0.4, _dedupe(unknown), summary)
+
+    if state == "NODE_FAIL":
+        summary = "Slurm reports a node failure; no node named"
+        return _verdict(Category.NODE_FAILURE, [], 0.6, [], summary)
+
+    hang_lines = [f for f in found.by_role(Role.ROOT, Role.CASCADE) if f.category is Category.HANG]
+    if hang_lines or stalled or state in ("RUNNING", "COMPLETING"):
+        return _hang(bundle, found, stalled or f"{len(hang_lines)} hang line(s), no root cause")
 
     other = [f for f in roots if f.category not in (Category.UNKNOWN,)]
     if other:
@@ -148,9 +161,23 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
     job = bundle.job
     by_node: dict[str, list[Finding]] = defaultdict(list)
     driver: dict[str, list[Finding]] = defaultdict(list)
+    # A contained error that repeats on the same GPU within a day is the GPU's (§3.9), even
+    # when the earlier ones came before this job.
+    day = (found.first_time - REPEAT_WINDOW) if found.first_time else None
+    history = [f for f in found.stale if f.time is None or day is None or f.time >= day]
+    gpus = Counter(
+        (f.node, _pci(f.match.text)) for f in roots + history if f.signature in CONTAINED
+    )
+    roots = [_repeated(f) if gpus[(f.node, _pci(f.match.text))] >= 2 else f for f in roots]
+    contained_nodes = {f.node for f in roots if f.signature in CONTAINED and f.node}
+    hard_nodes = {
+        f.node for f in roots if f.path.startswith("nodes/") and f.signature not in CONTAINED
+    }
     for f in roots:
-        if f.category not in NODE_CATEGORIES:
+        if f.category not in NODE_CATEGORIES or f.signature in CONTAINED:
             continue
+        if f.node in contained_nodes - hard_nodes and f.path == "logs/job.log":
+            continue  # the rank's ECC error is the contained Xid 94 seen from the job
         if f.match.xid in _DRIVER_XIDS and f.node:
             driver[f.node].append(f)
         # An srun hostlist can name several nodes; every other source names one at most.
@@ -204,6 +231,25 @@ def _confidence(f: Finding, bundle: Bundle) -> float:
     return 0.7  # a rank label read as a node index: one task per node assumed
 
 
+def _repeated(f: Finding) -> Finding:
+    if f.signature not in CONTAINED:
+        return f
+    renamed = f.match.model_copy(update={"signature": f"{f.signature}_repeated"})
+    return Finding(renamed, f.path, f.node, f.time)
+
+
+def _pci(text: str) -> str:
+    found = _PCI.search(text)
+    return found.group(1).lower() if found else ""
+
+
+def _pointer(f: Finding, found: Findings) -> bool:
+    """An srun ``Aborted`` task is a pointer, not a cause, when the watchdog aborted it."""
+    if f.signature != "srun_task_signal" or "Aborted" not in f.match.text:
+        return False
+    return any(g.signature in _TEARDOWN_SIGNALS for g in found.items)
+
+
 def _confirmed_kills(found: Findings) -> list[Finding]:
     """A bare ``Killed`` is an OOM when a kernel or cgroup OOM record confirms it."""
     confirms = [f for f in found.items if f.role is Role.CONFIRM]
@@ -232,8 +278,11 @@ def _hang(bundle: Bundle, found: Findings, why: str) -> Verdict:
         node = found.rank_hosts.get(rank) or (job.ranks or {}).get(str(rank))
         if node and node in job.nodes:
             culprits.append(node)
-    culprits = sorted(set(culprits))
     lines = [f for f in found.items if f.category is Category.HANG]
+    stuck = {f.node for f in lines if f.role is Role.ROOT and f.node}
+    if len(stuck) * 2 <= len(job.nodes):  # stuck everywhere singles out no node
+        culprits += stuck
+    culprits = sorted(set(culprits))
     summary = why + (f"; straggler: {report.reason}" if report.reason else "")
     confidence = 0.75 if culprits else 0.6
     return _verdict(Category.HANG, culprits, confidence, _dedupe(lines)[:6], summary)

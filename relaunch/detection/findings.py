@@ -34,6 +34,20 @@ _TORCHRUN_ENTRY = re.compile(
 )
 
 
+# NCCL's bootstrap line names the address each host uses: the key to "Got completion from peer
+# <ip>", whose suspect is the peer, not the reporter (failure-signatures.md §1.2, §2.2).
+_NCCL_ADDRESS = re.compile(
+    r"(?P<host>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO "
+    r"(?:Bootstrap : Using|NET/IB : Using .*OOB) \w+:(?P<ip>\d+\.\d+\.\d+\.\d+)<"
+)
+_PEER = re.compile(r"Got completion from peer (?P<ip>\d+\.\d+\.\d+\.\d+)<")
+_REPORTER = re.compile(r"(?:^|[\s\]])(?P<host>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\] ")
+# A NIC event that is news only when NCCL's IB transport then fails on the same host (§2.11).
+_NIC_EVENTS = frozenset({"mlx5_cable_event", "mlx5_link_down", "netdev_watchdog"})
+# IB transport failures (not the non-fatal async events a flap that recovers also prints).
+_IB_FAILURES = frozenset({"nccl_ib_fatal", "nccl_ib_completion_error", "nccl_ibv_modify_qp"})
+
+
 @dataclass(frozen=True)
 class Finding:
     """One matched line, where it came from and what it points at."""
@@ -113,7 +127,34 @@ def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
     for finding in telemetry_findings(bundle.telemetry, catalogue, job.nodes):
         stale = floor is not None and finding.time is not None and finding.time < floor
         (out.stale if stale else out.items).append(finding)
+    out.items = _network_links(out.items, bundle.job_log, job.nodes)
     return out
+
+
+def _network_links(items: list[Finding], job_log: str, nodes: list[str]) -> list[Finding]:
+    """Place IB completion errors on the peer they name, and make a NIC event a root when
+    NCCL's IB transport then failed on the same host (a flap that recovered stays context)."""
+    addresses: dict[str, str] = {}
+    for found in _NCCL_ADDRESS.finditer(job_log):
+        named = normalise_host(found["host"], nodes)
+        if len(named) == 1:
+            addresses[found["ip"]] = named[0]
+    ib_hosts: set[str] = set()
+    out: list[Finding] = []
+    for f in items:
+        if f.signature in _IB_FAILURES:
+            reporter = _REPORTER.search(f.match.text)
+            ib_hosts.update(normalise_host(reporter["host"], nodes) if reporter else [])
+        peer = _PEER.search(f.match.text) if f.signature == "nccl_ib_completion_error" else None
+        if peer and peer["ip"] in addresses:
+            f = Finding(f.match, f.path, addresses[peer["ip"]], f.time)
+        out.append(f)
+    return [
+        Finding(f.match.model_copy(update={"role": Role.ROOT}), f.path, f.node, f.time)
+        if f.signature in _NIC_EVENTS and f.node in ib_hosts
+        else f
+        for f in out
+    ]
 
 
 def _job_line_node(

@@ -1,0 +1,52 @@
+"""The attribution engine on the labelled corpus: the issue's bar (category accuracy and culprit
+exact-match at least 95%) and the rule that no application case ever blames a node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaunch.connectors.bundles import read_bundle
+from relaunch.detection.attribution import attribute_bundle
+from relaunch.detection.signatures import Catalogue
+from relaunch.models.recovery import Action, Category, Verdict
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+BUNDLES = sorted(p.parent for p in CORPUS.glob("*/expected.json"))
+Results = list[tuple[str, dict[str, Any], Verdict]]
+
+
+def _results(engine: str) -> Results:
+    catalogue = Catalogue.load(engine=engine)
+    out = []
+    for path in BUNDLES:
+        expected = json.loads((path / "expected.json").read_text())
+        out.append((path.name, expected, attribute_bundle(read_bundle(path), catalogue)))
+    return out
+
+
+@pytest.fixture(scope="module", params=["hyperscan", "literals"])
+def results(request: pytest.FixtureRequest) -> Results:
+    return _results(request.param)
+
+
+def test_accuracy_meets_the_bar(results: Results) -> None:
+    assert len(results) >= 40
+    category = [n for n, e, v in results if e["category"] != v.category.value]
+    culprits = [n for n, e, v in results if sorted(e["culprit_nodes"]) != sorted(v.culprit_nodes)]
+    assert len(category) <= 0.05 * len(results), category
+    assert len(culprits) <= 0.05 * len(results), culprits
+
+
+def test_no_application_case_blames_or_drains_a_node(
+    results: Results,
+) -> None:
+    application = [(n, v) for n, e, v in results if e["category"] == "application"]
+    assert len(application) >= 12
+    for name, verdict in application:
+        assert verdict.culprit_nodes == [], name
+        assert verdict.action is not Action.ISOLATE_AND_RESTART, name
+        assert verdict.category is Category.APPLICATION, name
