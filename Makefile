@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench-adapter bench-recovery up down status clean
+.PHONY: deps demo test test-unit test-quick lint typecheck bench-adapter bench-recovery bench-attribution up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -31,6 +31,9 @@ bench-adapter: deps
 
 bench-recovery: deps
 	$(PY) bench/recovery.py
+
+bench-attribution: deps
+	$(PY) bench/attribution.py
 
 up: deps
 	$(VENV)/bin/relaunch dev up

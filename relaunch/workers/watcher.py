@@ -27,8 +27,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 from pydantic import BaseModel, Field, field_validator
@@ -37,13 +37,12 @@ from relaunch.connectors.logs import FileTail
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.connectors.telemetry import TelemetryTail
 from relaunch.detection.findings import normalise_host, telemetry_findings
-from relaunch.detection.lines import Line, LineBuffer
 from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import Catalogue, Culprit, Role, SignatureMatch
-from relaunch.models.bundle import TelemetrySample
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState
+from relaunch.workers.watch_state import JobWatch, Poll, Stream
 
 logger = logging.getLogger(__name__)
 
@@ -103,50 +102,6 @@ class WatchStats:
     last_error: str = ""
 
 
-@dataclass
-class _Stream:
-    tail: FileTail
-    lines: LineBuffer = field(default_factory=LineBuffer)
-    truncations: int = 0
-    failing: bool = False
-
-    def read(self) -> list[Line]:
-        try:
-            data = self.tail.read()
-        except OSError as exc:
-            if not self.failing:
-                logger.warning("cannot read log", extra={"path": self.tail.path, "error": str(exc)})
-            self.failing = True
-            return []
-        self.failing = False
-        if self.tail.truncations != self.truncations:
-            self.truncations = self.tail.truncations
-            self.lines.discard_partial()
-        return self.lines.feed(data) if data else []
-
-
-@dataclass
-class _JobWatch:
-    job: Job
-    restart_count: int
-    from_start: bool
-    progress: ProgressTracker
-    logs: dict[str, _Stream] = field(default_factory=dict)
-    node_logs: dict[str, _Stream] = field(default_factory=dict)
-    telemetry: dict[str, TelemetryTail] = field(default_factory=dict)
-    gpus: dict[tuple[str, int | None], TelemetrySample] = field(default_factory=dict)
-    drain_seen: dict[str, bool] = field(default_factory=dict)
-    emitted: set[tuple[int, str, tuple[str, ...]]] = field(default_factory=set)
-
-    def first_time(self, detection: Detection) -> bool:
-        """Dedupe: one report per (attempt, kind, nodes)."""
-        key = (detection.attempt, detection.kind, tuple(detection.nodes))
-        if key in self.emitted:
-            return False
-        self.emitted.add(key)
-        return True
-
-
 class Watcher:
     """Polls a cluster and turns what it sees into detections (see the module docstring)."""
 
@@ -163,7 +118,7 @@ class Watcher:
         self._scheduler = scheduler
         self._on_detection = on_detection
         self._catalogue = catalogue or Catalogue.load()
-        self._jobs: dict[str, _JobWatch] = {}
+        self._jobs: dict[str, JobWatch] = {}
 
     def watches(self, job: Job) -> bool:
         """Opted in by comment (``relaunch=on``) or in a watched partition; ``relaunch=off``
@@ -213,7 +168,7 @@ class Watcher:
         clock = wall.timestamp() if now else time.monotonic()
         found: list[Detection] = []
         for watch in self._jobs.values():
-            poll = _Poll(self.config.cluster, watch.job, watch, watch.restart_count, wall, clock)
+            poll = Poll(self.config.cluster, watch.job, watch, watch.restart_count, wall, clock)
             self._job_logs(poll)
             self._node_logs(poll)
             self._telemetry(poll)
@@ -271,12 +226,12 @@ class Watcher:
         watch = self._jobs.get(job.job_id)
         if watch is None:
             fresh = job.restart_count == 0 and LINEAGE_KEY not in job.comment_fields
-            watch = self._jobs[job.job_id] = _JobWatch(
+            watch = self._jobs[job.job_id] = JobWatch(
                 job, job.restart_count, fresh, self._tracker()
             )
         watch.job = job
         requeued = job.restart_count > watch.restart_count
-        poll = _Poll(self.config.cluster, job, watch, watch.restart_count, wall, clock)
+        poll = Poll(self.config.cluster, job, watch, watch.restart_count, wall, clock)
         if requeued:
             text = f"requeued: restart count {poll.attempt} -> {job.restart_count}, now {job.state}"
             poll.add("job_state:REQUEUED", text=text)
@@ -297,7 +252,7 @@ class Watcher:
     def _tracker(self) -> ProgressTracker:
         return ProgressTracker(self.config.progress_pattern, k=self.config.stall_k)
 
-    def _node_states(self, poll: _Poll, nodes: dict[str, Node]) -> None:
+    def _node_states(self, poll: Poll, nodes: dict[str, Node]) -> None:
         for name in poll.job.nodes:
             node = nodes.get(name)
             if node is None:
@@ -320,7 +275,7 @@ class Watcher:
                     f"node_state:{state}", nodes=[name], text=text, fault_time=node.reason_time
                 )
 
-    def _job_logs(self, poll: _Poll) -> None:
+    def _job_logs(self, poll: Poll) -> None:
         job, watch = poll.job, poll.watch
         for path in [p for p in dict.fromkeys([job.stdout_path, job.stderr_path]) if p]:
             stream = watch.logs.get(path)
@@ -333,7 +288,7 @@ class Watcher:
                 if match.role in REPORTED_ROLES:
                     poll.add_match(match, self._culprits(poll, match), DetectionSource.JOB_LOG)
 
-    def _node_logs(self, poll: _Poll) -> None:
+    def _node_logs(self, poll: Poll) -> None:
         pattern, watch = self.config.node_log_pattern, poll.watch
         if pattern is None or not poll.job.nodes:
             return
@@ -352,7 +307,7 @@ class Watcher:
                     culprits = [node] if match.role is Role.ROOT else []
                     poll.add_match(match, culprits, DetectionSource.NODE_LOG)
 
-    def _telemetry(self, poll: _Poll) -> None:
+    def _telemetry(self, poll: Poll) -> None:
         """New samples from the node agents of the job's nodes; a GPU's earlier sample is the
         baseline a counter must rise above."""
         pattern, watch = self.config.telemetry_pattern, poll.watch
@@ -379,7 +334,7 @@ class Watcher:
                 if finding.match.line_no > len(baseline) and finding.role is Role.ROOT:
                     poll.add_match(finding.match, [node], DetectionSource.TELEMETRY)
 
-    def _progress(self, poll: _Poll) -> None:
+    def _progress(self, poll: Poll) -> None:
         tracker, floor, clock = poll.watch.progress, self.config.hang_threshold_s, poll.clock
         last, source = tracker.last_advance, DetectionSource.PROGRESS
         if last is not None and tracker.stalled(clock, floor):
@@ -398,13 +353,13 @@ class Watcher:
 
     # ---------------------------------------------------------------- helpers
 
-    def _stream(self, path: str, *, from_start: bool) -> _Stream:
+    def _stream(self, path: str, *, from_start: bool) -> Stream:
         size = self.config.max_read_bytes
-        return _Stream(
+        return Stream(
             FileTail(path, max_read=size) if from_start else FileTail.at_end(path, max_read=size)
         )
 
-    def _culprits(self, poll: _Poll, match: SignatureMatch) -> list[str]:
+    def _culprits(self, poll: Poll, match: SignatureMatch) -> list[str]:
         if match.role is not Role.ROOT:
             return []
         culprit, allocated = self._catalogue.get(match.signature).culprit, poll.job.nodes
@@ -416,7 +371,7 @@ class Watcher:
         return []
 
     @staticmethod
-    def _rank_node(poll: _Poll, rank: int) -> str | None:
+    def _rank_node(poll: Poll, rank: int) -> str | None:
         nodes, tasks = poll.job.nodes, poll.job.num_tasks
         named = poll.watch.progress.rank_nodes.get(rank, "").split(".")[0]
         if named in nodes:
@@ -426,58 +381,6 @@ class Watcher:
         per_node = tasks // len(nodes) if tasks % len(nodes) == 0 else 1
         index = rank // max(per_node, 1)
         return nodes[index] if index < len(nodes) else None
-
-
-@dataclass
-class _Poll:
-    """One watched job in one poll, and the detections made for it."""
-
-    cluster: str
-    job: Job
-    watch: _JobWatch
-    attempt: int
-    wall: datetime
-    clock: float
-    found: list[Detection] = field(default_factory=list)
-
-    def ago(self, seconds: float) -> datetime:
-        return self.wall - timedelta(seconds=seconds)
-
-    def add(
-        self,
-        kind: str,
-        *,
-        source: DetectionSource = DetectionSource.SCHEDULER,
-        nodes: list[str] | None = None,
-        text: str = "",
-        fault_time: datetime | None = None,
-        signature: str | None = None,
-    ) -> None:
-        self.found.append(
-            Detection(
-                cluster=self.cluster,
-                job_id=self.job.job_id,
-                attempt=self.attempt,
-                source=source,
-                kind=kind,
-                signature=signature,
-                text=text,
-                nodes=sorted(nodes or []),
-                fault_time=fault_time,
-                detected_at=self.wall,
-            )
-        )
-
-    def add_match(self, match: SignatureMatch, nodes: list[str], source: DetectionSource) -> None:
-        kind, when = f"signature:{match.signature}", match.timestamp
-        self.add(
-            kind,
-            source=source,
-            nodes=nodes,
-            text=match.text,
-            fault_time=when,
-            signature=match.signature,
-        )
 
 
 def _fields(detection: Detection) -> dict[str, object]:
