@@ -18,6 +18,7 @@ from typing import Protocol
 
 import httpx
 
+from relaunch.connectors.telemetry.calls import NvmlTimeoutError
 from relaunch.connectors.telemetry.files import append_samples
 from relaunch.connectors.telemetry.kernlog import (
     JournalReader,
@@ -26,7 +27,7 @@ from relaunch.connectors.telemetry.kernlog import (
     KernelLogFile,
     pci_in_line,
 )
-from relaunch.connectors.telemetry.nvml import NvmlCollector, NvmlTimeoutError
+from relaunch.connectors.telemetry.nvml import NvmlCollector
 from relaunch.connectors.telemetry.samples import ChangeFilter, pci_key
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.bundle import TelemetrySample, TelemetrySource

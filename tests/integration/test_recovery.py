@@ -125,6 +125,12 @@ async def test_autonomous_node_failure_recovers_on_healthy_nodes(make_harness: M
     ).stdout
     assert f"drain {culprit}: done" in shown and "verify" in shown
     assert f"/workflows/{incident}" in shown
+    reputation = subprocess.run(
+        [*RELAUNCH, "nodes", "--json", *cfg], capture_output=True, text=True, check=True
+    )
+    by_node = {r["node"]: r for r in map(json.loads, reputation.stdout.splitlines())}
+    assert by_node[culprit]["incidents"] >= 1 and incident in by_node[culprit]["recent"]
+    assert set(by_node) == {culprit}  # the healthy node of the job is not implicated
 
 
 async def test_monitor_waits_then_approval_by_temporal_cli_recovers(

@@ -14,17 +14,16 @@ A field NVML does not support on this GPU is simply absent.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import ctypes
 import functools
 import importlib
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from relaunch.connectors.telemetry.calls import CallThread, NvmlTimeoutError
 from relaunch.connectors.telemetry.samples import pci_key, throttle_reasons
 from relaunch.models.bundle import TelemetrySample, TelemetrySource
 from relaunch.models.errors import RelaunchError
@@ -37,77 +36,13 @@ class NvmlUnavailableError(RelaunchError):
     """NVML cannot be used here: no driver, no library, no GPU, or it does not start."""
 
 
-class NvmlTimeoutError(RelaunchError):
-    """An NVML call did not return within its timeout (the GPU or driver may be hung)."""
-
-    retryable = True
-
-
-class _Worker:
-    """One daemon thread that runs NVML calls in order, each awaited with a timeout."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.stuck_on: str | None = None
-        self._lock = threading.Lock()
-        self._jobs: list[tuple[str, Callable[[], Any], concurrent.futures.Future[Any]]] = []
-        self._ready = threading.Condition(self._lock)
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            with self._ready:
-                while not self._jobs and not self._closed:
-                    self._ready.wait()
-                if not self._jobs:
-                    return
-                _label, fn, fut = self._jobs.pop(0)
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # handed to the awaiting coroutine
-                fut.set_exception(exc)
-            with self._lock:
-                self.stuck_on = None
-
-    async def call(self, label: str, fn: Callable[[], Any], timeout: float) -> Any:
-        """Run ``fn`` on this thread; NvmlTimeoutError if it takes longer than ``timeout``."""
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._ready:
-            if self.stuck_on is not None:
-                raise NvmlTimeoutError(f"NVML still hung in {self.stuck_on}")
-            self._jobs.append((label, fn, fut))
-            self._ready.notify()
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
-        except TimeoutError:
-            with self._lock:
-                if not fut.done():
-                    self.stuck_on = label
-            raise NvmlTimeoutError(f"{label}: no answer within {timeout:g}s") from None
-
-    @property
-    def idle(self) -> bool:
-        with self._lock:
-            return self.stuck_on is None and not self._jobs
-
-    def close(self) -> None:
-        """Let the thread end once its queue is empty (a stuck call keeps it, as a daemon)."""
-        with self._ready:
-            self._closed = True
-            self._ready.notify()
-
-
 @dataclass
 class GpuDevice:
     """One GPU as NVML enumerates it."""
 
     index: int
     handle: Any
-    worker: _Worker
+    worker: CallThread
     uuid: str | None = None
     pci_bus_id: str | None = None
     events: bool = False
@@ -140,8 +75,8 @@ class NvmlCollector:
         self.call_timeout = call_timeout
         self._nvml = nvml
         self._clock = clock
-        self._lib = _Worker("nvml-lib")
-        self._events = _Worker("nvml-events")
+        self._lib = CallThread("nvml-lib")
+        self._events = CallThread("nvml-events")
         self._event_set: Any = None
         self._started = False
         self.devices: list[GpuDevice] = []
@@ -175,7 +110,7 @@ class NvmlCollector:
         if count == 0:
             raise NvmlUnavailableError("no NVIDIA GPU here (NVML: no devices)")
         for index in range(count):
-            device = GpuDevice(index, None, _Worker(f"nvml-gpu{index}"))
+            device = GpuDevice(index, None, CallThread(f"nvml-gpu{index}"))
             self.devices.append(device)
             try:
                 device.handle = await self._lib.call(
