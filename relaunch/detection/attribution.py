@@ -113,19 +113,19 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
         same = [f for f in decisive if f.category is category]
         if category is Category.APPLICATION:
             summary = f"application error: {first.match.text[:160]}"
-            return _verdict(category, [], 0.9, _dedupe(same), summary)
+            return _verdict(category, [], 0.9, same, summary)
         summary = f"infrastructure: {first.match.text[:160]}"
-        return _verdict(category, [], 0.8, _dedupe(same), summary)
+        return _verdict(category, [], 0.8, same, summary)
 
     contained = [f for f in roots if f.signature in CONTAINED]
     if contained:
         summary = f"contained GPU memory error (Xid 94) on {contained[0].node or '?'}: restart"
-        return _verdict(Category.GPU_HARDWARE, [], 0.8, _dedupe(contained), summary)
+        return _verdict(Category.GPU_HARDWARE, [], 0.8, contained, summary)
 
     network = [f for f in roots if f.category is Category.NETWORK]
     if network:
         summary = f"network error, no node named: {network[0].match.text[:160]}"
-        return _verdict(Category.NETWORK, [], 0.6, _dedupe(network), summary)
+        return _verdict(Category.NETWORK, [], 0.6, network, summary)
 
     hang_roots = [f for f in roots if f.category is Category.HANG]
     if hang_roots:
@@ -135,7 +135,7 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     if unknown:
         first = min(unknown, key=_order)
         summary = f"a rank died, cause not confirmed: {first.match.text[:120]}"
-        return _verdict(Category.UNKNOWN, [], 0.4, _dedupe(unknown), summary)
+        return _verdict(Category.UNKNOWN, [], 0.4, unknown, summary)
 
     if state == "NODE_FAIL":
         summary = "Slurm reports a node failure; no node named"
@@ -148,12 +148,12 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     other = [f for f in roots if f.category not in (Category.UNKNOWN,)]
     if other:
         best = max(other, key=lambda f: (f.match.severity, -_order(f)[1]))
-        return _verdict(best.category, [], 0.7, _dedupe(other), best.match.text[:160])
+        return _verdict(best.category, [], 0.7, other, best.match.text[:160])
     unknown = [f for f in roots if f.category is Category.UNKNOWN]
     reason = (
         f"no root cause found: {unknown[0].match.text[:120]}" if unknown else "no root cause found"
     )
-    return _verdict(Category.UNKNOWN, [], 0.3, _dedupe(unknown), reason)
+    return _verdict(Category.UNKNOWN, [], 0.3, unknown, reason)
 
 
 def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdict | None:
@@ -217,7 +217,7 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
     parts += [f"{n} {job.node_states.get(n, 'unreachable')}" for n in dead if n not in by_node]
     cascades = len(found.by_role(Role.CASCADE))
     summary = "; ".join(parts) + f"; {cascades} cascade line(s) on other ranks"
-    return _verdict(category, culprits, confidence, _dedupe(evidence), summary)
+    return _verdict(category, culprits, confidence, evidence, summary)
 
 
 def _confidence(f: Finding, bundle: Bundle) -> float:
@@ -285,7 +285,7 @@ def _hang(bundle: Bundle, found: Findings, why: str) -> Verdict:
     culprits = sorted(set(culprits))
     summary = why + (f"; straggler: {report.reason}" if report.reason else "")
     confidence = 0.75 if culprits else 0.6
-    return _verdict(Category.HANG, culprits, confidence, _dedupe(lines)[:6], summary)
+    return _verdict(Category.HANG, culprits, confidence, lines, summary)
 
 
 def _apply_reputation(
@@ -312,10 +312,11 @@ def _first(findings: list[Finding], prefix: str) -> list[Finding]:
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:
-    """One finding per (signature, node): copies across ranks are one observation."""
-    seen: dict[tuple[str, str | None], Finding] = {}
+    """One finding per (signature, node, source file): copies across ranks are one observation;
+    the same fault seen by the kernel log and by telemetry is shown from both."""
+    seen: dict[tuple[str, str | None, str], Finding] = {}
     for f in sorted(findings, key=_order):
-        seen.setdefault((f.signature, f.node), f)
+        seen.setdefault((f.signature, f.node, f.path), f)
     return list(seen.values())
 
 
@@ -326,7 +327,8 @@ def _verdict(
     findings: list[Finding],
     summary: str,
 ) -> Verdict:
-    counts = Counter((f.signature, f.node) for f in findings)
+    counts = Counter((f.signature, f.node, f.path) for f in findings)
+    findings = _dedupe(findings)
     evidence = [
         EvidenceLine(
             source=f.path,
@@ -335,7 +337,7 @@ def _verdict(
             signature=f.signature,
             role=f.match.role,
             node=f.node,
-            count=counts[(f.signature, f.node)],
+            count=counts[(f.signature, f.node, f.path)],
         )
         for f in findings[:20]
     ]

@@ -143,3 +143,12 @@ def test_reputation_names_a_repeat_offender_only_when_the_log_names_nobody() -> 
     app = make(START + "0: ValueError: bad config\n")
     assert attribute_bundle(app, reputation={"gpu03": 9}).culprit_nodes == []
     assert implicated(attribute_bundle(app), app) == []
+
+
+def test_copies_across_ranks_are_one_evidence_line_with_a_count() -> None:
+    log = START + "".join(f"{r}: torch.OutOfMemoryError: CUDA out of memory.\n" for r in range(3))
+    v = attribute_bundle(make(log, ranks={str(r): NODES[r] for r in range(4)}))
+    assert v.category is Category.APPLICATION and v.culprit_nodes == []
+    assert sorted(e.count for e in v.evidence) == [1, 1, 1]  # one per node it came from
+    shared = attribute_bundle(make(log, ranks={str(r): "gpu01" for r in range(4)}))
+    assert [e.count for e in shared.evidence] == [3]
