@@ -166,11 +166,14 @@ def _job_line_node(
     if how is Culprit.LINE_HOST and m.host:
         named = normalise_host(m.host, job.nodes)
         return named[0] if len(named) == 1 else None
-    if how is Culprit.RANK_PREFIX and m.rank is not None:
-        if m.rank in found.rank_hosts:
-            return found.rank_hosts[m.rank]
-        return job.rank_node(m.rank)
-    return None
+    if how is not Culprit.RANK_PREFIX:
+        return None
+    # torchrun's blocks map PyTorch's global ranks; the rank map and the node order map srun
+    # task labels. The two numberings differ when one task drives several GPUs (§3.14).
+    if m.torch_rank is not None and m.torch_rank in found.rank_hosts:
+        return found.rank_hosts[m.torch_rank]
+    label = m.task if m.task is not None else m.torch_rank
+    return job.rank_node(label) if label is not None else None
 
 
 def line_hosts(m: SignatureMatch, nodes: Iterable[str]) -> list[str]:

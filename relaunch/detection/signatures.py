@@ -128,6 +128,10 @@ class SignatureMatch(BaseModel):
     rank: int | None = Field(
         default=None, description="the srun -l task label, else the PyTorch rank on the line"
     )
+    task: int | None = Field(default=None, description="the srun -l task label, if any")
+    torch_rank: int | None = Field(
+        default=None, description="PyTorch's global rank on the line ([rank<r>] or [Rank <r>])"
+    )
     host: str | None = Field(
         default=None, description="the `host` group as printed (may be a hostlist), or the node"
     )
@@ -279,10 +283,12 @@ def _build(
     source_node: str | None,
 ) -> SignatureMatch:
     groups = found.groupdict()
-    rank_text = prefix.group("task") or prefix.group("rank")
-    if rank_text is None:
+    task_text = prefix.group("task")
+    torch_text = prefix.group("rank")
+    if torch_text is None:
         pg = _PG_RANK.search(body)
-        rank_text = pg.group(1) if pg else None
+        torch_text = pg.group(1) if pg else None
+    rank_text = task_text or torch_text
     host = groups.get("host")
     if signature.culprit is Culprit.SOURCE_NODE:
         host = source_node
@@ -296,6 +302,8 @@ def _build(
         line_no=line_no,
         text=line.rstrip("\r\n")[:MAX_TEXT],
         rank=int(rank_text) if rank_text is not None else None,
+        task=int(task_text) if task_text is not None else None,
+        torch_rank=int(torch_text) if torch_text is not None else None,
         host=host,
         xid=int(xid) if xid is not None else None,
         timestamp=line_timestamp(line),

@@ -152,3 +152,20 @@ def test_copies_across_ranks_are_one_evidence_line_with_a_count() -> None:
     assert sorted(e.count for e in v.evidence) == [1, 1, 1]  # one per node it came from
     shared = attribute_bundle(make(log, ranks={str(r): "gpu01" for r in range(4)}))
     assert [e.count for e in shared.evidence] == [3]
+
+
+def test_srun_task_labels_and_pytorch_ranks_are_different_numberings() -> None:
+    torchrun = (
+        "Root Cause (first observed failure):\n[0]:\n"
+        "  time      : 2026-11-30_10:05:00\n"
+        "  host      : gpu01\n"
+        "  rank      : 2 (local_rank: 2)\n"
+        "  exitcode  : 1 (pid: 4242)\n"
+    )
+    ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+    # torchrun under srun, one task per node: task 2 is the third node, whatever rank 2 is.
+    by_task = attribute_bundle(make(START + "2: " + ecc + torchrun))
+    assert by_task.culprit_nodes == ["gpu03"]
+    # PyTorch's own rank label goes through torchrun's rank → host map.
+    by_rank = attribute_bundle(make(START + "[rank2]: " + ecc + torchrun))
+    assert by_rank.culprit_nodes == ["gpu01"]
