@@ -50,6 +50,13 @@ class ActionActivities:
         for node in plan.drain_nodes:
             activity.heartbeat(f"drain {node}")
             result = await sched.drain_node(node, reason)
+            if not result.changed and result.note.endswith(reason):
+                # Drained by this incident in an attempt that died before recording it (a
+                # worker killed mid-activity): the audit, and the blast-radius guard that reads
+                # it, must still count this drain as this incident's.
+                result = result.model_copy(
+                    update={"changed": True, "note": "drained by an earlier attempt of this step"}
+                )
             await self._audit_action(inp.incident_id, "drain", result)
             changed |= result.changed
             notes.append(f"{node}: {'drained' if result.changed else result.note}")
