@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+import re
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from relaunch.models import names
 from relaunch.models.logstore import LogStoreSettings
 from relaunch.models.recovery import Policy
 
@@ -19,11 +22,75 @@ class WatchSettings(BaseModel):
     progress_pattern: str | None = None
 
 
+class ConsoleSettings(BaseModel):
+    """The Recovery Console (`relaunch console`): where it listens and who may sign in."""
+
+    tokens_file: str | None = Field(
+        default=None,
+        description='JSON list of {"name", "role", "sha256"}: only hashes of the tokens',
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(default=8400, ge=1, le=65535)
+    session_secret_env: str = Field(
+        default="RELAUNCH_CONSOLE_SECRET",
+        description="environment variable holding the session-signing secret "
+        "(unset: a random one per process, and sessions end when it restarts)",
+    )
+
+
+# A DNS name or an IPv4/IPv6 literal; nothing that could read as an option or a user@ prefix.
+_SSH_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45}")
+
+
+class SshSettings(BaseModel):
+    """Run the Slurm commands on a login/controller host over SSH instead of locally.
+
+    Key-based authentication only, and the host's key must already be in ``known_hosts``: an
+    unknown or changed key is refused, never accepted on first use. ``slurm_conf`` of the
+    cluster then names the file on that host."""
+
+    model_config = ConfigDict(extra="forbid")  # a stray `password:` is an error, not ignored
+
+    host: str = Field(description="the login or controller host that runs the Slurm clients")
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str = Field(
+        description="the account the Slurm commands run as (drains need root "
+        "or SlurmUser, or an operator role in Slurm's accounting)"
+    )
+    key_file: str = Field(min_length=1, description="the client's private key (unencrypted)")
+    known_hosts: str = Field(
+        min_length=1, description="an OpenSSH known_hosts file that holds the host's key"
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    command_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    keepalive_s: float = Field(
+        default=15.0, ge=0, description="keepalive interval on an idle connection; 0 turns it off"
+    )
+    max_sessions: int = Field(
+        default=8, ge=1, le=64, description="commands in flight at once (sshd's MaxSessions is 10)"
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not _SSH_HOST.fullmatch(value):
+            raise ValueError(f"invalid ssh host {value!r}: a host name or an IP address")
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        return names.user_name(value)
+
+
 class ClusterConfig(BaseModel):
     """One cluster Relaunch serves. Written by `relaunch dev up` for the local stack."""
 
     name: str
     slurm_conf: str | None = None
+    ssh: SshSettings | None = Field(
+        default=None, description="run the Slurm commands on this host over SSH; unset: locally"
+    )
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     temporal_ui: str = "http://127.0.0.1:8233"
@@ -43,6 +110,7 @@ class ClusterConfig(BaseModel):
     )
     policy: Policy = Field(default_factory=Policy)
     watch: WatchSettings = Field(default_factory=WatchSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
 
     @property
     def slurm_env(self) -> dict[str, str]:

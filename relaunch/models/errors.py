@@ -41,6 +41,20 @@ class SchedulerTimeoutError(SchedulerError):
     retryable = True
 
 
+class SshUnavailableError(ControllerUnavailableError):
+    """The SSH host in front of Slurm cannot be reached, or the connection dropped while a
+    command ran (it may or may not have run); retry later."""
+
+
+class SshHostKeyError(SchedulerError):
+    """The SSH host's key is not in the known_hosts file, or differs from the key recorded
+    there. Never retried: a human must check the key."""
+
+
+class SshAuthError(SchedulerError):
+    """The SSH host refused the client key, or the key file cannot be read."""
+
+
 class JobNotFoundError(SchedulerError):
     """The scheduler does not know this job id."""
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.factory import slurm_cli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.recovery import Detection
 from relaunch.workers import recovery_client
@@ -45,7 +45,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
             det.kind,
         )
 
-    watcher = Watcher(watch_config(config), SlurmCli(env=config.slurm_env), on_detection)
+    watcher = Watcher(watch_config(config), slurm_cli(config), on_detection)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

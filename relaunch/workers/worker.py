@@ -21,7 +21,7 @@ from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.logstores import open_log_store
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.factory import slurm_cli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import task_queue
@@ -81,9 +81,7 @@ async def run_worker(config: ClusterConfig) -> None:
     log_store = open_log_store(config.logs)  # first: a missing secret fails before connecting
     client = await connect(config)
     audit = await AuditStore.open(config.database_url)
-    deps = Deps(
-        config=config, scheduler=SlurmCli(env=config.slurm_env), audit=audit, log_store=log_store
-    )
+    deps = Deps(config=config, scheduler=slurm_cli(config), audit=audit, log_store=log_store)
     worker = build_worker(client, deps)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,4 +1,4 @@
-"""Slurm adapters: the CLI (local now, SSH later) for reads and actions, slurmrestd for reads."""
+"""Slurm adapters: the CLI (local or over SSH) for reads and actions, slurmrestd for reads."""
 
 from relaunch.connectors.slurm.base import Scheduler, SchedulerReader
 from relaunch.connectors.slurm.cli import SlurmCli

@@ -1,7 +1,7 @@
 """Run a Slurm command: argv lists only, a timeout on every call, typed errors.
 
-The runner is the seam for remote execution: the local runner executes argv here; an SSH runner
-(a later issue) will send the same argv, quoted, to the controller host.
+The runner is the seam for remote execution: the local runner executes argv here; the SSH runner
+(``ssh.py``) sends the same argv, quoted, to a login/controller host.
 """
 
 from __future__ import annotations
