@@ -64,6 +64,18 @@ MIGRATIONS: list[tuple[int, str]] = [
             for each row execute function audit_events_append_only();
         """,
     ),
+    (
+        2,
+        # The console's read side: newest incidents, audit search by actor, open incidents (an
+        # anti-join against the small set of terminal stage rows).
+        """
+        create index incidents_created_at on incidents (created_at desc);
+        create index audit_events_actor on audit_events (actor, id);
+        create index audit_events_terminal on audit_events (incident_id)
+            where kind = 'stage'
+            and stage in ('done', 'held', 'no_action', 'rejected', 'expired', 'failed');
+        """,
+    ),
 ]
 
 _LOCK_ID = 0x52454C41  # "RELA": serialises migrations across processes

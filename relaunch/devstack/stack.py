@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ import psycopg
 from pydantic import BaseModel, Field
 
 from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.console.auth import Role, write_tokens
 from relaunch.devstack import procs, services
 from relaunch.devstack.slurm import (
     SlurmLayout,
@@ -31,12 +33,13 @@ from relaunch.devstack.slurm import (
     start_restd,
     write_conf,
 )
-from relaunch.models.config import ClusterConfig
+from relaunch.models.config import ClusterConfig, ConsoleSettings
 from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.scheduler import NodeState
 
 DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
-SERVICES = ("worker", "watch")
+SERVICES = ("worker", "watch", "console")
+CONSOLE_USERS = (("viewer", Role.VIEWER), ("approver", Role.APPROVER), ("admin", Role.ADMIN))
 
 
 class StackConfig(BaseModel):
@@ -52,6 +55,7 @@ class StackConfig(BaseModel):
     slurmctld_port: int = 16817
     slurmd_base_port: int = 16901
     restd_port: int = 16820
+    console_port: int = 8400
     database_url: str | None = None
     services: bool = Field(default=True, description="also run the relaunch worker and watcher")
 
@@ -64,6 +68,7 @@ class StackConfig(BaseModel):
             "temporal_http_port": procs.free_port(),
             "slurmctld_port": procs.free_port(),
             "restd_port": procs.free_port(),
+            "console_port": procs.free_port(),
         }
         cfg = cls.model_validate({**ports, **overrides})
         # slurmd ports are taken as a block from a random free base; checked when written.
@@ -209,6 +214,48 @@ class Stack:
         """The node's kernel-log source (the dev cluster's stand-in for /var/log/kern.log)."""
         return self.state_dir / "nodes" / node / "kern.log"
 
+    @property
+    def console_dir(self) -> Path:
+        return self.state_dir / "console"
+
+    @property
+    def console_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.console_port}/"
+
+    @property
+    def console_tokens(self) -> Path:
+        """The plaintext sign-in tokens (mode 0600); the console itself keeps only hashes."""
+        return self.console_dir / "tokens.txt"
+
+    def console_settings(self) -> ConsoleSettings:
+        return ConsoleSettings(
+            tokens_file=str(self.console_dir / "tokens.json"), port=self.config.console_port
+        )
+
+    def write_console_tokens(self) -> None:
+        """A viewer, an approver and an admin token, once: hashes in tokens.json, the tokens
+        themselves in tokens.txt (0600), and a session secret so restarts keep sign-ins."""
+        hashes = self.console_dir / "tokens.json"
+        if hashes.exists() and self.console_tokens.exists():
+            return
+        self.console_dir.mkdir(parents=True, exist_ok=True)
+        self.console_dir.chmod(0o700)
+        tokens = write_tokens(hashes, list(CONSOLE_USERS))
+        fd = os.open(self.console_tokens, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("# Relaunch console sign-in tokens (name role token)\n")
+            for name, role in CONSOLE_USERS:
+                out.write(f"{name} {role.value} {tokens[name]}\n")
+        secret = self.console_dir / "session.secret"
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+
+    def _console_env(self) -> dict[str, str]:
+        secret = self.console_dir / "session.secret"
+        env_name = ConsoleSettings().session_secret_env
+        return {env_name: secret.read_text().strip()} if secret.exists() else {}
+
     def cluster_config(self) -> ClusterConfig:
         return ClusterConfig(
             name=self.config.cluster,
@@ -219,10 +266,17 @@ class Stack:
             bundle_dir=str(self.state_dir / "bundles"),
             node_log_pattern=str(self.state_dir / "nodes" / "{node}" / "kern.log"),
             telemetry_pattern=str(self.state_dir / "nodes" / "{node}" / "telemetry.jsonl"),
+            console=self.console_settings(),
         )
 
     def write_cluster_config(self) -> None:
+        self.write_console_tokens()
         if self.cluster_config_path.exists():
+            # A configuration from before the console: give it the console section only.
+            saved = ClusterConfig.model_validate_json(self.cluster_config_path.read_text())
+            if saved.console.tokens_file is None:
+                saved = saved.model_copy(update={"console": self.console_settings()})
+                self.cluster_config_path.write_text(saved.model_dump_json(indent=2))
             return
         self.cluster_config_path.parent.mkdir(parents=True, exist_ok=True)
         for node in self.slurm.nodes:
@@ -248,6 +302,7 @@ class Stack:
                         str(self.cluster_config_path),
                     ],
                     log=self.state_dir / "log" / f"{name}.log",
+                    env=self._console_env() if name == "console" else None,
                 )
                 (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
                 (self.state_dir / "run" / f"{name}.pid").write_text(str(pid))
@@ -388,7 +443,9 @@ class Stack:
             parts.append(
                 Part(
                     name=f"relaunch {name}",
-                    address=f"cluster {self.config.cluster}",
+                    address=self.console_url
+                    if name == "console"
+                    else f"cluster {self.config.cluster}",
                     pid=pid,
                     healthy=pid is not None,
                     detail=f"log {self.state_dir / 'log' / f'{name}.log'}",

@@ -92,6 +92,8 @@ def dev_up(state_dir: Path, nodes: int, cred_expire: int) -> None:
     _print_status(status)
     click.echo("")
     click.echo(f"Temporal UI: {stack.temporal_ui}")
+    if stack.config.services:
+        click.echo(f"Console: {stack.console_url} (sign-in tokens in {stack.console_tokens})")
     click.echo("To use this stack from your shell:")
     click.echo(f"export SLURM_CONF={stack.slurm.conf}")
     click.echo(f"export TEMPORAL_ADDRESS={stack.temporal_address}")
@@ -294,10 +296,11 @@ def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
     _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
 
 
-from relaunch.workers import cli_attribution, cli_recovery  # noqa: E402
+from relaunch.workers import cli_attribution, cli_console, cli_recovery  # noqa: E402
 
 cli_recovery.register(cli)
 cli_attribution.register(cli)
+cli_console.register(cli)
 
 from relaunch.workers import agent as agent_command  # noqa: E402
 

@@ -1,0 +1,187 @@
+"""The Recovery Console's ASGI app: routes, error pages, security headers, lifespan."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from relaunch.console import (
+    routes_audit,
+    routes_auth,
+    routes_incident,
+    routes_jobs,
+    routes_nodes,
+    routes_overview,
+)
+from relaunch.console.auth import Sessions, TokensFileError, TokenStore
+from relaunch.console.live import Broadcaster
+from relaunch.console.queries import ConsoleDb
+from relaunch.console.web import HERE, Console, NotSignedIn, Problem, Services, render
+from relaunch.models.config import ClusterConfig
+from relaunch.models.errors import RelaunchError
+
+log = logging.getLogger("relaunch.console")
+
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+
+class SecurityHeaders:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def _wants_json(request: Request) -> bool:
+    path = request.url.path
+    return (
+        path.endswith((".json", ".csv"))
+        or path == "/events"
+        or request.headers.get("authorization", "").lower().startswith("bearer ")
+        or "application/json" in request.headers.get("accept", "")
+    )
+
+
+def _problem_response(request: Request, status: int, title: str, message: str) -> Response:
+    if _wants_json(request):
+        return JSONResponse({"error": title, "detail": message}, status_code=status)
+    return render(request, "error.html", None, status=status, title=title, message=message)
+
+
+async def on_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Problem)
+    if isinstance(exc, NotSignedIn) and not _wants_json(request):
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+    return _problem_response(request, exc.status, exc.title, exc.message)
+
+
+async def on_relaunch_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RelaunchError)
+    status = 503 if exc.retryable else 500
+    title = "Unavailable" if exc.retryable else "Error"
+    return _problem_response(request, status, title, str(exc))
+
+
+async def on_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return _problem_response(request, 500, "Internal error", "the console failed; see its log")
+
+
+async def on_http(request: Request, exc: Exception) -> Response:
+    status = int(getattr(exc, "status_code", 500))
+    title = {404: "Not found", 405: "Method not allowed"}.get(status, "Error")
+    return _problem_response(request, status, title, str(getattr(exc, "detail", "")))
+
+
+def session_secret(config: ClusterConfig) -> str:
+    secret = os.environ.get(config.console.session_secret_env, "")
+    if len(secret) >= 16:
+        return secret
+    log.warning(
+        "%s is not set (or shorter than 16 characters): sessions end when the console restarts",
+        config.console.session_secret_env,
+    )
+    return secrets.token_urlsafe(32)
+
+
+def create_app(
+    config: ClusterConfig,
+    services: Services | None = None,
+    *,
+    tokens_file: Path | None = None,
+    secret: str | None = None,
+    live_interval: float = 0.5,
+) -> Starlette:
+    """The console for one cluster. ``services`` carries what acts (Temporal decisions, Slurm)."""
+    path = tokens_file or (Path(config.console.tokens_file) if config.console.tokens_file else None)
+    if path is None:
+        raise TokensFileError(
+            "the console has no tokens file",
+            hint="set console.tokens_file in the cluster configuration",
+        )
+    db = ConsoleDb(config.database_url)
+    state = Console(
+        config=config,
+        db=db,
+        tokens=TokenStore(path),
+        sessions=Sessions(secret or session_secret(config)),
+        services=services or Services(),
+        live=Broadcaster(db, interval=live_interval),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await db.start()
+        try:
+            yield
+        finally:
+            await state.live.close()
+            await db.close()
+
+    routes = [
+        Route("/", routes_overview.overview),
+        Route("/fragments/incidents", routes_overview.incidents_fragment),
+        Route("/incidents/{incident_id}", routes_incident.incident_page),
+        Route("/fragments/incident/{incident_id}", routes_incident.incident_fragment),
+        Route("/incidents/{incident_id}/{decision}", routes_incident.decide, methods=["POST"]),
+        Route("/nodes", routes_nodes.nodes_page),
+        Route("/nodes/{node}/resume", routes_nodes.resume, methods=["POST"]),
+        Route("/jobs", routes_jobs.jobs_page),
+        Route("/jobs/{job_id}", routes_jobs.job_page),
+        Route("/audit", routes_audit.audit_page),
+        Route("/audit.json", routes_audit.audit_json),
+        Route("/audit.csv", routes_audit.audit_csv),
+        Route("/events", routes_auth.events),
+        Route("/login", routes_auth.login_page, methods=["GET"]),
+        Route("/login", routes_auth.login, methods=["POST"]),
+        Route("/logout", routes_auth.logout, methods=["POST"]),
+        Route("/healthz", lambda _: PlainTextResponse("ok")),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={
+            Problem: on_problem,
+            RelaunchError: on_relaunch_error,
+            404: on_http,
+            405: on_http,
+            Exception: on_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.console = state
+    return app

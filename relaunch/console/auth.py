@@ -1,0 +1,170 @@
+"""Who may use the console: tokens with roles, signed session cookies, CSRF tokens.
+
+Only SHA-256 hashes of tokens are stored (the tokens file). A user signs in once with a token and
+gets a signed, HttpOnly, SameSite=Strict session cookie; scripts send ``Authorization: Bearer``.
+Every form POST of a cookie session carries a CSRF token bound to that session by an HMAC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from enum import StrEnum
+from pathlib import Path
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from relaunch.models.errors import RelaunchError
+
+SESSION_COOKIE = "relaunch_session"
+SESSION_MAX_AGE_S = 12 * 3600
+
+
+class Role(StrEnum):
+    """Viewer < approver < admin: each may do what the ones before it may."""
+
+    VIEWER = "viewer"
+    APPROVER = "approver"
+    ADMIN = "admin"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    def allows(self, needed: Role) -> bool:
+        return self.rank >= needed.rank
+
+
+_RANK = {Role.VIEWER: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+
+
+class TokenEntry(BaseModel):
+    """One line of the tokens file: a name, a role, and the SHA-256 of the token (hex)."""
+
+    name: str
+    role: Role
+    sha256: str
+
+
+class User(BaseModel):
+    """A signed-in person (the name goes into the audit trail)."""
+
+    name: str
+    role: Role
+    sha256: str
+
+    def can(self, needed: Role) -> bool:
+        return self.role.allows(needed)
+
+
+class TokensFileError(RelaunchError):
+    """The console's tokens file is missing or malformed."""
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "rl_" + secrets.token_urlsafe(32)
+
+
+_ENTRIES = TypeAdapter(list[TokenEntry])
+
+
+class TokenStore:
+    """The tokens file, re-read when it changes (removing a line revokes that token at once)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._mtime: float | None = None
+        self._entries: list[TokenEntry] = []
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+            if mtime == self._mtime:
+                return
+            entries = _ENTRIES.validate_json(self.path.read_bytes())
+        except OSError as exc:
+            raise TokensFileError(
+                f"cannot read the console tokens file {self.path}: {exc.strerror}",
+                hint="set console.tokens_file in the cluster configuration",
+            ) from exc
+        except ValidationError as exc:
+            raise TokensFileError(
+                f"{self.path}: not a JSON list of {{name, role, sha256}}: {exc.errors()[0]['msg']}"
+            ) from exc
+        self._entries, self._mtime = entries, mtime
+
+    def entries(self) -> list[TokenEntry]:
+        self._load()
+        return list(self._entries)
+
+    def authenticate(self, token: str) -> User | None:
+        """The user this token belongs to, or None. Compares every hash in constant time."""
+        digest = hash_token(token.strip())
+        found: User | None = None
+        for entry in self.entries():
+            if hmac.compare_digest(entry.sha256.lower(), digest):
+                found = User(name=entry.name, role=entry.role, sha256=entry.sha256.lower())
+        return found
+
+    def by_hash(self, name: str, sha256: str) -> User | None:
+        """The session's user if their token is still in the file."""
+        for entry in self.entries():
+            if entry.name == name and hmac.compare_digest(entry.sha256.lower(), sha256):
+                return User(name=entry.name, role=entry.role, sha256=sha256)
+        return None
+
+
+def write_tokens(path: Path, users: list[tuple[str, Role]]) -> dict[str, str]:
+    """Create a tokens file for these (name, role) pairs; returns {name: plaintext token}."""
+    tokens = {name: new_token() for name, _ in users}
+    entries = [
+        {"name": name, "role": role.value, "sha256": hash_token(tokens[name])}
+        for name, role in users
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=2) + "\n")
+    return tokens
+
+
+class Sessions:
+    """Signs and reads session cookies; derives each session's CSRF token."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret.encode()
+        self._serializer = URLSafeTimedSerializer(secret, salt="relaunch-console-session")
+
+    def dump(self, user: User) -> str:
+        return self._serializer.dumps(
+            {"name": user.name, "sha256": user.sha256, "sid": secrets.token_urlsafe(16)}
+        )
+
+    def load(self, cookie: str) -> tuple[str, str, str] | None:
+        """(name, sha256, session id) of a valid, unexpired cookie, else None."""
+        try:
+            data = self._serializer.loads(cookie, max_age=SESSION_MAX_AGE_S)
+        except BadSignature:
+            return None
+        if not isinstance(data, dict):
+            return None
+        name, sha, sid = data.get("name"), data.get("sha256"), data.get("sid")
+        if not (isinstance(name, str) and isinstance(sha, str) and isinstance(sid, str)):
+            return None
+        return name, sha, sid
+
+    def csrf_token(self, sid: str) -> str:
+        return hmac.new(self._secret, f"csrf:{sid}".encode(), hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, sid: str, token: str | None) -> bool:
+        return bool(token) and hmac.compare_digest(self.csrf_token(sid), str(token))
+
+    def login_csrf_ok(self, cookie: str | None, form: str | None) -> bool:
+        """The sign-in form has no session yet: a double-submit nonce (cookie == field)."""
+        return bool(cookie) and bool(form) and hmac.compare_digest(str(cookie), str(form))

@@ -1,0 +1,461 @@
+"""The console's read side over the audit trail: one pool, one query per question.
+
+Written for a trail of tens of thousands of incidents: every list starts from an index (newest
+incidents, terminal stages, kind+time, actor, incident+id) and only then looks at each picked
+incident's rows through the (incident_id, id) index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from pydantic import BaseModel, Field
+
+from relaunch.connectors.audit import (
+    AuditStore,
+    AuditUnavailableError,
+    NodeReputation,
+    StoredEvent,
+    migrate,
+)
+from relaunch.console.kpis import IncidentTimes
+from relaunch.models.recovery import TERMINAL_STAGES
+
+TERMINAL = sorted(s.value for s in TERMINAL_STAGES)
+
+
+class IncidentSummary(BaseModel):
+    """One incident with its latest stage, verdict and plan."""
+
+    id: str
+    cluster: str
+    job_id: str
+    attempt: int
+    created_at: datetime
+    stage: str | None = None
+    stage_at: datetime | None = None
+    category: str | None = None
+    confidence: float | None = None
+    nodes: list[str] = Field(default_factory=list)
+    action: str | None = None
+    mode: str | None = None
+    plan_summary: str | None = None
+
+
+class ClusterSummary(BaseModel):
+    name: str
+    incidents: int
+    last_at: datetime | None = None
+
+
+class NodeDrain(BaseModel):
+    """The latest drain/fence/resume Relaunch (or a console user) recorded for a node."""
+
+    node: str
+    step: str
+    at: datetime
+    actor: str
+    incident_id: str
+    summary: str
+
+
+class JobSummary(BaseModel):
+    cluster: str
+    job_id: str
+    incidents: int
+    attempts: int
+    first_at: datetime
+    last_at: datetime
+
+
+class AttemptRow(IncidentSummary):
+    checkpoint_step: int | None = None
+    restarts: int = 0
+    new_job_id: str | None = None
+    fault_at: datetime | None = None
+    running_at: datetime | None = None
+    closed: bool = False
+
+
+class AuditFilter(BaseModel):
+    """Filters of the audit search (all optional, combined with AND)."""
+
+    cluster: str | None = None
+    job: str | None = None
+    node: str | None = None
+    category: str | None = None
+    kind: str | None = None
+    action: str | None = None
+    actor: str | None = None
+    incident: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+class DatabaseUnavailableError(AuditUnavailableError):
+    """The console cannot reach the audit database right now."""
+
+
+_SUMMARY_SQL = """
+    select i.id, i.cluster, i.job_id, i.attempt, i.created_at,
+           s.stage, s.at as stage_at, v.category, v.confidence,
+           coalesce(v.nodes, '{}') as nodes, p.action, p.mode, p.summary as plan_summary
+    from picked i
+    left join lateral (
+        select e.stage, e.at from audit_events e
+        where e.incident_id = i.id and e.kind = 'stage' order by e.id desc limit 1) s on true
+    left join lateral (
+        select e.data->>'category' as category, (e.data->>'confidence')::float as confidence,
+               e.nodes from audit_events e
+        where e.incident_id = i.id and e.kind = 'verdict' order by e.id desc limit 1) v on true
+    left join lateral (
+        select e.data->>'action' as action, e.data->>'mode' as mode, e.summary
+        from audit_events e
+        where e.incident_id = i.id and e.kind = 'plan' order by e.id desc limit 1) p on true
+"""
+
+_OPEN = """
+    select * from incidents i where not exists (
+        select 1 from audit_events t where t.incident_id = i.id and t.kind = 'stage'
+        and t.stage = any(%(terminal)s))
+"""
+
+
+class ConsoleDb:
+    """A small pool for the console; every failure to reach PostgreSQL is one typed error."""
+
+    def __init__(self, database_url: str, *, max_size: int = 8, timeout: float = 3.0) -> None:
+        self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            database_url,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=timeout,
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
+        )
+        self._migrated = False
+        self._lock = asyncio.Lock()
+        self.store = AuditStore(self._pool)
+
+    async def start(self) -> None:
+        await self._pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        try:
+            async with self._pool.connection() as conn:
+                if not self._migrated:
+                    async with self._lock:
+                        if not self._migrated:
+                            await migrate(conn)
+                            self._migrated = True
+                yield conn
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise DatabaseUnavailableError(
+                "the audit database does not answer",
+                hint="is PostgreSQL running (`relaunch dev status`)?",
+            ) from exc
+
+    async def _rows(self, sql: str, args: Any = None) -> list[dict[str, Any]]:
+        async with self.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, args)
+            return list(await cur.fetchall())
+
+    async def _one(self, sql: str, args: Any = None) -> dict[str, Any] | None:
+        rows = await self._rows(sql, args)
+        return rows[0] if rows else None
+
+    # ------------------------------------------------------------------ overview
+
+    async def clusters(self) -> list[ClusterSummary]:
+        rows = await self._rows(
+            "select cluster as name, count(*) as incidents, max(created_at) as last_at"
+            " from incidents group by cluster order by cluster"
+        )
+        return [ClusterSummary.model_validate(r) for r in rows]
+
+    async def recent_incidents(self, limit: int = 20) -> list[IncidentSummary]:
+        sql = (
+            "with picked as (select * from incidents order by created_at desc limit %(limit)s)"
+            + _SUMMARY_SQL
+            + " order by i.created_at desc"
+        )
+        rows = await self._rows(sql, {"limit": limit})
+        return [IncidentSummary.model_validate(r) for r in rows]
+
+    async def open_incidents(self, limit: int = 100) -> list[IncidentSummary]:
+        sql = (
+            f"with picked as ({_OPEN} order by i.created_at desc limit %(limit)s)"
+            + _SUMMARY_SQL
+            + " order by i.created_at desc"
+        )
+        rows = await self._rows(sql, {"terminal": TERMINAL, "limit": limit})
+        return [IncidentSummary.model_validate(r) for r in rows]
+
+    async def pending_approvals(self) -> list[IncidentSummary]:
+        sql = (
+            f"with picked as ({_OPEN})"
+            + _SUMMARY_SQL
+            + " where s.stage = 'awaiting_approval' order by s.at"
+        )
+        rows = await self._rows(sql, {"terminal": TERMINAL})
+        return [IncidentSummary.model_validate(r) for r in rows]
+
+    async def categories(self, since: datetime) -> dict[str, int]:
+        rows = await self._rows(
+            "select coalesce(data->>'category', 'unknown') as category, count(*) as n"
+            " from audit_events where kind = 'verdict' and at >= %s group by 1",
+            (since,),
+        )
+        return {str(r["category"]): int(r["n"]) for r in rows}
+
+    async def detection_latencies(self, since: datetime) -> list[float]:
+        rows = await self._rows(
+            "select (data->>'detection_latency_s')::float as v from audit_events"
+            " where kind = 'detection' and at >= %s"
+            " and jsonb_typeof(data->'detection_latency_s') = 'number'",
+            (since,),
+        )
+        return [float(r["v"]) for r in rows]
+
+    async def incident_times(self, since: datetime) -> list[IncidentTimes]:
+        rows = await self._rows(
+            """
+            select e.incident_id,
+                   min(case when e.kind = 'detection' then
+                       coalesce((e.data->>'fault_time')::timestamptz, e.at) end) as fault_at,
+                   min(e.at) filter (where e.kind = 'detection') as detected_at,
+                   min(e.at) filter (where e.kind = 'action') as first_action_at,
+                   min(e.at) filter (where e.kind = 'verify') as running_at,
+                   coalesce(bool_or(e.kind = 'stage' and e.stage = any(%(terminal)s)), false)
+                       as closed
+            from incidents i join audit_events e on e.incident_id = i.id
+            where i.created_at >= %(since)s
+              and e.kind in ('detection', 'action', 'verify', 'stage')
+            group by e.incident_id
+            """,
+            {"since": since, "terminal": TERMINAL},
+        )
+        return [IncidentTimes.model_validate(r) for r in rows]
+
+    async def restarts(self, since: datetime) -> int:
+        row = await self._one(
+            "select count(*) as n from audit_events where kind = 'action' and at >= %s"
+            " and data->>'step' = 'restart' and coalesce((data->>'changed')::boolean, false)",
+            (since,),
+        )
+        return int(row["n"]) if row else 0
+
+    async def incidents_over_time(self, since: datetime, bucket: str) -> list[tuple[datetime, int]]:
+        rows = await self._rows(
+            "select date_trunc(%s, created_at) as b, count(*) as n from incidents"
+            " where created_at >= %s group by 1 order by 1",
+            (bucket, since),
+        )
+        return [(r["b"], int(r["n"])) for r in rows]
+
+    # ------------------------------------------------------------------ incident
+
+    async def incident(self, incident_id: str) -> IncidentSummary | None:
+        rows = await self._rows(
+            "with picked as (select * from incidents where id = %(id)s)" + _SUMMARY_SQL,
+            {"id": incident_id},
+        )
+        return IncidentSummary.model_validate(rows[0]) if rows else None
+
+    async def events(self, incident_id: str) -> list[StoredEvent]:
+        rows = await self._rows(
+            "select id, incident_id, kind, at, actor, stage, nodes, summary, data"
+            " from audit_events where incident_id = %s order by at, id",
+            (incident_id,),
+        )
+        return [StoredEvent.model_validate(r) for r in rows]
+
+    # ------------------------------------------------------------------ nodes
+
+    async def node_drains(self, cluster: str) -> dict[str, NodeDrain]:
+        rows = await self._rows(
+            """
+            select distinct on (n.node) n.node, e.data->>'step' as step, e.at, e.actor,
+                   e.incident_id, e.summary
+            from audit_events e
+            join incidents i on i.id = e.incident_id
+            cross join lateral unnest(e.nodes) as n(node)
+            where e.kind = 'action' and e.data->>'step' in ('drain', 'fence', 'resume')
+              and coalesce((e.data->>'changed')::boolean, true) and i.cluster = %s
+            order by n.node, e.id desc
+            """,
+            (cluster,),
+        )
+        return {str(r["node"]): NodeDrain.model_validate(r) for r in rows}
+
+    async def reputation(self, cluster: str, since: datetime) -> list[NodeReputation]:
+        return await self.store.node_reputation(cluster, since)
+
+    # ------------------------------------------------------------------ jobs
+
+    async def jobs(self, limit: int = 200) -> list[JobSummary]:
+        rows = await self._rows(
+            "select cluster, job_id, count(*) as incidents, max(attempt) + 1 as attempts,"
+            " min(created_at) as first_at, max(created_at) as last_at from incidents"
+            " group by cluster, job_id order by max(created_at) desc limit %s",
+            (limit,),
+        )
+        return [JobSummary.model_validate(r) for r in rows]
+
+    async def job_links(self, cluster: str, job_id: str) -> tuple[str | None, list[str]]:
+        """(the job this one was resubmitted from, the jobs resubmitted from it)."""
+        parent = await self._one(
+            """
+            select coalesce(
+                (select substring(e.data->'job'->>'comment' from 'relaunch_parent=([0-9_]+)')
+                 from incidents i join audit_events e on e.incident_id = i.id
+                 where i.cluster = %(c)s and i.job_id = %(j)s and e.kind = 'evidence'
+                   and e.data->'job'->>'comment' like '%%relaunch_parent=%%'
+                 order by e.id desc limit 1),
+                (select i.job_id from audit_events e join incidents i on i.id = e.incident_id
+                 where e.kind = 'action' and i.cluster = %(c)s
+                   and e.data->>'new_job_id' = %(j)s limit 1)) as parent
+            """,
+            {"c": cluster, "j": job_id},
+        )
+        children = await self._rows(
+            "select distinct e.data->>'new_job_id' as child"
+            " from incidents i join audit_events e on e.incident_id = i.id"
+            " where i.cluster = %s and i.job_id = %s and e.kind = 'action'"
+            " and e.data->>'new_job_id' is not null and e.data->>'new_job_id' <> i.job_id",
+            (cluster, job_id),
+        )
+        return (
+            str(parent["parent"]) if parent and parent["parent"] else None,
+            sorted(str(r["child"]) for r in children),
+        )
+
+    async def lineage(self, cluster: str, job_id: str, depth: int = 20) -> list[str]:
+        """Every job of this job's lineage, oldest first (requeues keep the id)."""
+        root = job_id
+        seen = {job_id}
+        for _ in range(depth):
+            parent, _children = await self.job_links(cluster, root)
+            if parent is None or parent in seen:
+                break
+            seen.add(parent)
+            root = parent
+        chain, frontier = [root], [root]
+        for _ in range(depth):
+            nxt: list[str] = []
+            for job in frontier:
+                _, children = await self.job_links(cluster, job)
+                nxt += [c for c in children if c not in chain]
+            if not nxt:
+                break
+            chain += nxt
+            frontier = nxt
+        return chain
+
+    async def attempts(self, cluster: str, job_ids: Sequence[str]) -> list[AttemptRow]:
+        sql = (
+            "with picked as (select * from incidents"
+            " where cluster = %(c)s and job_id = any(%(jobs)s))"
+            + _SUMMARY_SQL.replace(
+                "from picked i",
+                """, x.checkpoint_step, x.restarts, x.new_job_id, x.fault_at, x.running_at,
+                   x.closed
+                from picked i
+                left join lateral (
+                    select max((e.data->'job'->>'last_checkpoint_step')::bigint)
+                               filter (where e.kind = 'evidence') as checkpoint_step,
+                           count(*) filter (where e.kind = 'action'
+                               and e.data->>'step' = 'restart'
+                               and coalesce((e.data->>'changed')::boolean, false)) as restarts,
+                           max(e.data->>'new_job_id') filter (where e.kind = 'action')
+                               as new_job_id,
+                           min(case when e.kind = 'detection' then coalesce(
+                               (e.data->>'fault_time')::timestamptz, e.at) end) as fault_at,
+                           min(e.at) filter (where e.kind = 'verify') as running_at,
+                           coalesce(bool_or(e.kind = 'stage'
+                               and e.stage = any(%(terminal)s)), false) as closed
+                    from audit_events e where e.incident_id = i.id) x on true""",
+                1,
+            )
+            + " order by i.created_at"
+        )
+        rows = await self._rows(sql, {"c": cluster, "jobs": list(job_ids), "terminal": TERMINAL})
+        return [AttemptRow.model_validate(r) for r in rows]
+
+    # ------------------------------------------------------------------ audit search
+
+    async def search(
+        self, f: AuditFilter, *, before: int | None, limit: int
+    ) -> tuple[list[StoredEvent], int | None]:
+        """One page, newest first, and the id to pass as ``before`` for the next (or None)."""
+        where, args = ["true"], {"limit": limit + 1}
+        if before is not None:
+            where.append("e.id < %(before)s")
+            args["before"] = before
+        if f.cluster or f.job:
+            sub = ["true"]
+            if f.cluster:
+                sub.append("cluster = %(cluster)s")
+            if f.job:
+                sub.append("job_id = %(job)s")
+            where.append(f"e.incident_id in (select id from incidents where {' and '.join(sub)})")
+        if f.node:
+            where.append("%(node)s = any(e.nodes)")
+        if f.category:
+            where.append(
+                "e.incident_id in (select v.incident_id from audit_events v"
+                " where v.kind = 'verdict' and v.data->>'category' = %(category)s)"
+            )
+        if f.kind:
+            where.append("e.kind = %(kind)s")
+        if f.action:
+            where.append(
+                "((e.kind = 'action' and e.data->>'step' = %(action)s)"
+                " or (e.kind = 'plan' and e.data->>'action' = %(action)s))"
+            )
+        if f.actor:
+            where.append("e.actor = %(actor)s")
+        if f.incident:
+            where.append("e.incident_id = %(incident)s")
+        if f.since:
+            where.append("e.at >= %(since)s")
+        if f.until:
+            where.append("e.at < %(until)s")
+        args.update({k: v for k, v in f.model_dump().items() if v is not None})
+        rows = await self._rows(
+            "select e.id, e.incident_id, e.kind, e.at, e.actor, e.stage, e.nodes, e.summary,"
+            f" e.data from audit_events e where {' and '.join(where)}"
+            " order by e.id desc limit %(limit)s",
+            args,
+        )
+        events = [StoredEvent.model_validate(r) for r in rows[:limit]]
+        return events, (events[-1].id if len(rows) > limit and events else None)
+
+    # ------------------------------------------------------------------ live
+
+    async def latest_id(self) -> int:
+        row = await self._one("select coalesce(max(id), 0) as id from audit_events")
+        return int(row["id"]) if row else 0
+
+    async def events_after(self, last_id: int, limit: int = 500) -> list[dict[str, Any]]:
+        return await self._rows(
+            "select id, incident_id, kind, at, actor, stage, summary from audit_events"
+            " where id > %s order by id limit %s",
+            (last_id, limit),
+        )
+
+
+def bucket_for(window: timedelta) -> str:
+    return "hour" if window <= timedelta(days=2) else "day"

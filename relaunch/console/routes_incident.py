@@ -1,0 +1,197 @@
+"""One incident: timeline, decisive evidence, verdict, plan, and the Approve / Reject forms."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from relaunch.connectors.audit import StoredEvent
+from relaunch.console.auth import Role
+from relaunch.console.web import (
+    Auth,
+    Conflict,
+    NotFound,
+    Problem,
+    Unavailable,
+    console,
+    render,
+    require,
+    require_post,
+)
+from relaunch.models.errors import RelaunchError
+from relaunch.models.recovery import TERMINAL_STAGES, Approval, Stage
+
+DECISIVE_ROLES = {"root", "confirm"}
+MAX_REASON = 500
+# Rows are written by other versions too: every field a template reads has a default.
+EVIDENCE_DEFAULTS: dict[str, Any] = {
+    "role": "root",
+    "source": "",
+    "line_no": "",
+    "node": None,
+    "signature": "",
+    "text": "",
+    "count": 1,
+}
+VERDICT_DEFAULTS: dict[str, Any] = {
+    "category": "unknown",
+    "culprit_nodes": [],
+    "confidence": 0.0,
+    "summary": "",
+}
+PLAN_DEFAULTS: dict[str, Any] = {
+    "action": "none",
+    "mode": "",
+    "drain_nodes": [],
+    "exclude_nodes": [],
+    "restart_method": "",
+    "reasons": [],
+    "guards": [],
+}
+
+
+class StageSpan(BaseModel):
+    stage: str
+    at: datetime
+    duration_s: float | None
+    current: bool
+
+
+class TimelineRow(BaseModel):
+    event: StoredEvent
+    since_start_s: float
+    step_s: float
+
+
+def stages(events: list[StoredEvent], now: datetime) -> list[StageSpan]:
+    """Each stage with how long it lasted (to the next stage, or until now while open)."""
+    rows = [e for e in events if e.kind == "stage" and e.stage]
+    spans = []
+    for i, e in enumerate(rows):
+        last = i == len(rows) - 1
+        terminal = e.stage in {s.value for s in TERMINAL_STAGES}
+        end = rows[i + 1].at if not last else (None if terminal else now)
+        spans.append(
+            StageSpan(
+                stage=str(e.stage),
+                at=e.at,
+                duration_s=(end - e.at).total_seconds() if end else None,
+                current=last,
+            )
+        )
+    return spans
+
+
+def timeline(events: list[StoredEvent]) -> list[TimelineRow]:
+    if not events:
+        return []
+    start, prev, out = events[0].at, events[0].at, []
+    for e in events:
+        out.append(
+            TimelineRow(
+                event=e,
+                since_start_s=(e.at - start).total_seconds(),
+                step_s=(e.at - prev).total_seconds(),
+            )
+        )
+        prev = e.at
+    return out
+
+
+def _latest(events: list[StoredEvent], kind: str) -> StoredEvent | None:
+    found = [e for e in events if e.kind == kind]
+    return found[-1] if found else None
+
+
+def evidence_view(events: list[StoredEvent]) -> dict[str, Any]:
+    """The verdict's evidence lines (decisive ones flagged) and the log excerpt with the
+    lines the verdict rests on marked."""
+    verdict = _latest(events, "verdict")
+    lines: list[dict[str, Any]] = []
+    if verdict is not None:
+        raw = verdict.data.get("evidence")
+        for item in raw if isinstance(raw, list) else []:
+            if isinstance(item, dict):
+                line = {**EVIDENCE_DEFAULTS, **item}
+                lines.append({**line, "decisive": line["role"] in DECISIVE_ROLES})
+    decisive = {str(line.get("text", "")).strip() for line in lines if line["decisive"]}
+    excerpt: list[dict[str, Any]] = []
+    ev = _latest(events, "evidence")
+    raw_excerpt = ev.data.get("log_excerpt") if ev else None
+    for text in raw_excerpt if isinstance(raw_excerpt, list) else []:
+        t = str(text)
+        excerpt.append({"text": t, "decisive": any(d and d in t for d in decisive)})
+    return {"evidence_lines": lines, "log_excerpt": excerpt}
+
+
+async def _context(request: Request, incident_id: str) -> dict[str, Any]:
+    c = console(request)
+    summary, events = await asyncio.gather(c.db.incident(incident_id), c.db.events(incident_id))
+    if summary is None:
+        raise NotFound(f"no incident {incident_id!r}: the audit trail has no such id")
+    now = datetime.now(UTC)
+    spans = stages(events, now)
+    current = spans[-1].stage if spans else None
+    awaiting = current == Stage.AWAITING_APPROVAL.value
+    expires_at = (
+        spans[-1].at + timedelta(seconds=c.config.policy.approval_timeout_s) if awaiting else None
+    )
+    verdict, plan = _latest(events, "verdict"), _latest(events, "plan")
+    return {
+        "incident": summary,
+        "events": events,
+        "timeline": timeline(events),
+        "stages": spans,
+        "stage": current,
+        "awaiting": awaiting,
+        "expires_at": expires_at,
+        "expires_in_s": (expires_at - now).total_seconds() if expires_at else None,
+        "verdict": {**VERDICT_DEFAULTS, **verdict.data} if verdict else None,
+        "plan": {**PLAN_DEFAULTS, **plan.data} if plan else None,
+        "decisions": [e for e in events if e.kind in {"approval", "rejection"}],
+        **evidence_view(events),
+    }
+
+
+async def incident_page(request: Request) -> Response:
+    auth = require(request)
+    incident_id = request.path_params["incident_id"]
+    ctx = await _context(request, incident_id)
+    return render(request, "incident.html", auth, **ctx)
+
+
+async def incident_fragment(request: Request) -> Response:
+    auth: Auth = require(request)
+    ctx = await _context(request, request.path_params["incident_id"])
+    return render(request, "_incident_live.html", auth, **ctx)
+
+
+async def decide(request: Request) -> Response:
+    decision = request.path_params["decision"]
+    if decision not in {"approve", "reject"}:
+        raise NotFound(f"no such decision {decision!r}")
+    auth, form = await require_post(request, Role.APPROVER)
+    c = console(request)
+    incident_id = request.path_params["incident_id"]
+    if await c.db.incident(incident_id) is None:
+        raise NotFound(f"no incident {incident_id!r}")
+    reason = form.get("reason", "").strip()
+    if len(reason) > MAX_REASON:
+        raise Problem(f"the reason is longer than {MAX_REASON} characters")
+    if c.services.decide is None:
+        raise Unavailable("this console has no Temporal connection: decisions cannot be sent")
+    try:
+        await c.services.decide(incident_id, decision, Approval(by=auth.user.name, reason=reason))
+    except RelaunchError as exc:
+        if exc.retryable:
+            raise Unavailable(f"Temporal does not answer: {exc.message}") from exc
+        raise Conflict(exc.message) from exc
+    return RedirectResponse(
+        f"/incidents/{quote(incident_id, safe='')}?decided={decision}", status_code=303
+    )

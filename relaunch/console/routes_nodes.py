@@ -1,0 +1,134 @@
+"""Nodes: Slurm state, drain reason, who drained it and why, reputation, and Resume (admin,
+only for nodes Relaunch drained)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from relaunch.connectors.audit import NodeReputation
+from relaunch.console import kpis
+from relaunch.console.auth import Role
+from relaunch.console.queries import NodeDrain
+from relaunch.console.web import (
+    Conflict,
+    NotFound,
+    Problem,
+    Unavailable,
+    console,
+    render,
+    require,
+    require_post,
+)
+from relaunch.models.errors import InvalidNameError, NodeNotFoundError, RelaunchError
+from relaunch.models.recovery import AuditRecord
+from relaunch.models.scheduler import Node
+
+SCHEDULER_TIMEOUT_S = 5.0
+DRAIN_REASON_PREFIX = "relaunch incident "  # what the isolate activity writes as the reason
+
+
+class NodeView(BaseModel):
+    name: str
+    node: Node | None
+    drain: NodeDrain | None
+    reputation: NodeReputation | None
+
+    @property
+    def drained_by_relaunch(self) -> bool:
+        return (
+            self.node is not None
+            and self.node.drain_flag
+            and self.node.reason.startswith(DRAIN_REASON_PREFIX)
+            and self.drain is not None
+            and self.drain.step in {"drain", "fence"}
+        )
+
+
+def node_views(
+    nodes: list[Node], drains: dict[str, NodeDrain], reputation: list[NodeReputation]
+) -> list[NodeView]:
+    rep = {r.node: r for r in reputation}
+    names = sorted({n.name for n in nodes} | set(drains) | set(rep))
+    by_name = {n.name: n for n in nodes}
+    return [
+        NodeView(name=n, node=by_name.get(n), drain=drains.get(n), reputation=rep.get(n))
+        for n in names
+    ]
+
+
+async def nodes_page(request: Request) -> Response:
+    auth = require(request)
+    c = console(request)
+    try:
+        window, span = kpis.parse_window(request.query_params.get("window", "7d"))
+    except kpis.BadWindowError as exc:
+        raise Problem(str(exc)) from exc
+    nodes: list[Node] = []
+    slurm_error: str | None = None
+    if c.services.scheduler is None:
+        slurm_error = "no scheduler configured for the console"
+    drains, reputation = await asyncio.gather(
+        c.db.node_drains(c.config.name),
+        c.db.reputation(c.config.name, datetime.now(UTC) - span),
+    )
+    if c.services.scheduler is not None:
+        try:
+            nodes = await asyncio.wait_for(c.services.scheduler.list_nodes(), SCHEDULER_TIMEOUT_S)
+        except (RelaunchError, TimeoutError) as exc:
+            slurm_error = f"Slurm does not answer: {exc}"
+    return render(
+        request,
+        "nodes.html",
+        auth,
+        nodes=node_views(nodes, drains, reputation),
+        slurm_error=slurm_error,
+        window=window,
+        windows=list(kpis.WINDOWS),
+    )
+
+
+async def resume(request: Request) -> Response:
+    auth, _ = await require_post(request, Role.ADMIN)
+    c = console(request)
+    name = request.path_params["node"]
+    sched = c.services.scheduler
+    if sched is None:
+        raise Unavailable("this console has no scheduler connection")
+    try:
+        node = await asyncio.wait_for(sched.get_node(name), SCHEDULER_TIMEOUT_S)
+    except InvalidNameError as exc:
+        raise Problem(exc.message) from exc
+    except NodeNotFoundError as exc:
+        raise NotFound(exc.message) from exc
+    except (RelaunchError, TimeoutError) as exc:
+        raise Unavailable(f"Slurm does not answer: {exc}") from exc
+    drain = (await c.db.node_drains(c.config.name)).get(name)
+    view = NodeView(name=name, node=node, drain=drain, reputation=None)
+    if not view.drained_by_relaunch or drain is None:
+        raise Conflict(
+            f"node {name} was not drained by Relaunch ({node.display_state}"
+            + (f", reason {node.reason!r}" if node.reason else "")
+            + "): resume it with Slurm's own tools"
+        )
+    try:
+        result = await sched.resume_node(name)
+    except RelaunchError as exc:
+        raise Unavailable(f"resume {name} failed: {exc}") from exc
+    verb = "done" if result.changed else f"unchanged ({result.note})"
+    await c.db.store.record(
+        AuditRecord(
+            incident_id=drain.incident_id,
+            kind="action",
+            at=datetime.now(UTC),
+            actor=auth.user.name,
+            nodes=[name],
+            summary=f"resume {name}: {verb} (console, by {auth.user.name})",
+            data={"step": "resume", "by": auth.user.name, **result.model_dump(mode="json")},
+        )
+    )
+    return RedirectResponse("/nodes", status_code=303)

@@ -1,0 +1,67 @@
+"""`relaunch console`: serve the Recovery Console for one cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+from temporalio.client import Client
+
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.models.config import ClusterConfig
+from relaunch.models.errors import RelaunchError
+from relaunch.models.recovery import Approval
+from relaunch.workers.cli_errors import fail as _fail
+from relaunch.workers.cli_recovery import config_options, load_config
+
+
+class TemporalDecider:
+    """Sends approve/reject through `recovery_client.decide` (the CLI's own path); connects on
+    first use, so that the console serves pages while Temporal is down."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self._config = config
+        self._client: Client | None = None
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, incident: str, decision: str, approval: Approval) -> object:
+        from relaunch.workers import recovery_client
+        from relaunch.workers.worker import connect
+
+        async with self._lock:
+            if self._client is None:
+                self._client = await connect(self._config)
+        return await recovery_client.decide(self._client, incident, decision, approval)
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("console")
+    @config_options
+    @click.option("--host", default=None, help="Listen address (default: console.host, 127.0.0.1).")
+    @click.option(
+        "--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8400)."
+    )
+    def console_cmd(
+        config_path: Path | None, cluster: str, state_dir: Path, host: str | None, port: int | None
+    ) -> None:
+        """Serve the Recovery Console: incidents, approvals, nodes, jobs and the audit trail."""
+        import uvicorn
+
+        from relaunch.console.app import create_app
+        from relaunch.console.web import Services
+        from relaunch.workers.cli_recovery import _logging
+
+        try:
+            config = load_config(config_path, cluster, state_dir)
+            _logging()
+            app = create_app(
+                config,
+                Services(decide=TemporalDecider(config), scheduler=SlurmCli(env=config.slurm_env)),
+            )
+        except RelaunchError as exc:
+            _fail(exc)
+        host = host or config.console.host
+        port = port or config.console.port
+        click.echo(f"Relaunch console for cluster {config.name}: http://{host}:{port}/", err=True)
+        uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False)
