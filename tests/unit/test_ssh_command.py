@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -46,12 +47,14 @@ def test_the_command_line_splits_back_into_the_exact_argv() -> None:
     ]
 
 
-def test_a_posix_shell_runs_the_command_line_as_the_same_argv() -> None:
+def test_a_posix_shell_runs_the_command_line_as_the_same_argv(tmp_path: Path) -> None:
     # What sshd does with the line: the login shell parses it. Nothing in it may run.
-    argv = ["printf", "%s\\0", *HOSTILE]
-    line = command_line(argv, {"A": "$(id)"}, 5)
+    pwned = tmp_path / "pwned"
+    words = [w.replace("/tmp/pwned", str(pwned)) for w in HOSTILE]
+    line = command_line(["printf", "%s\\0", *words], {"A": f"$(touch {pwned})"}, 5)
     done = subprocess.run(["/bin/sh", "-c", line], capture_output=True, timeout=10, check=True)
-    assert done.stdout.decode().split("\0")[:-1] == HOSTILE
+    assert done.stdout.decode().split("\0")[:-1] == words
+    assert not pwned.exists()
 
 
 def test_timeouts_are_written_without_noise() -> None:

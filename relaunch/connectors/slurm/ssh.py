@@ -172,16 +172,16 @@ class SshRunner:
                     f"{argv[0]} did not answer within {timeout:g}s (on {self._settings.host})",
                     hint=CONTROLLER_HINT,
                 ) from exc
+            except (OSError, asyncssh.Error) as exc:
+                await self._discard(conn)
+                raise self._dropped(argv[0]) from exc
             finally:
                 process.close()
             seconds = time.monotonic() - start
         if done.exit_status is None and done.exit_signal is None:
+            # The channel closed without an exit status: the connection went away mid-command.
             await self._discard(conn)
-            raise SshUnavailableError(
-                f"the connection to {self.target} dropped while {argv[0]} ran; "
-                "it may or may not have taken effect",
-                hint="retry: every action reads fresh state before acting",
-            )
+            raise self._dropped(argv[0])
         returncode = done.returncode if done.returncode is not None else -1
         if returncode in _TIMEOUT_EXITS and seconds >= timeout:
             raise SchedulerTimeoutError(
@@ -199,6 +199,13 @@ class SshRunner:
             stdout=_text(done.stdout),
             stderr=_text(done.stderr),
             seconds=seconds,
+        )
+
+    def _dropped(self, program: str) -> SshUnavailableError:
+        return SshUnavailableError(
+            f"the connection to {self.target} dropped while {program} ran; "
+            "it may or may not have taken effect",
+            hint="retry: every action reads fresh state before acting",
         )
 
     async def _start(
