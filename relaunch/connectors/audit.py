@@ -67,13 +67,15 @@ MIGRATIONS: list[tuple[int, str]] = [
     (
         2,
         # The console's read side: newest incidents, audit search by actor, open incidents (an
-        # anti-join against the small set of terminal stage rows).
+        # anti-join against the small set of terminal stage rows), incidents by category.
         """
         create index incidents_created_at on incidents (created_at desc);
         create index audit_events_actor on audit_events (actor, id);
         create index audit_events_terminal on audit_events (incident_id)
             where kind = 'stage'
             and stage in ('done', 'held', 'no_action', 'rejected', 'expired', 'failed');
+        create index audit_events_verdict_category on audit_events
+            ((data->>'category'), incident_id) where kind = 'verdict';
         """,
     ),
 ]

@@ -8,10 +8,11 @@ incident's rows through the (incident_id, id) index.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -28,6 +29,8 @@ from relaunch.connectors.audit import (
 )
 from relaunch.console.kpis import IncidentTimes
 from relaunch.models.recovery import TERMINAL_STAGES
+
+T = TypeVar("T")
 
 TERMINAL = sorted(s.value for s in TERMINAL_STAGES)
 
@@ -143,6 +146,7 @@ class ConsoleDb:
         )
         self._migrated = False
         self._lock = asyncio.Lock()
+        self._cache: dict[Hashable, tuple[float, Any]] = {}
         self.store = AuditStore(self._pool)
 
     async def start(self) -> None:
@@ -166,6 +170,18 @@ class ConsoleDb:
                 "the audit database does not answer",
                 hint="is PostgreSQL running (`relaunch dev status`)?",
             ) from exc
+
+    async def cached(self, key: Hashable, ttl_s: float, factory: Callable[[], Awaitable[T]]) -> T:
+        """``factory()``'s result, reused for ``ttl_s`` seconds (window-wide aggregates only:
+        what a page shows live is never cached)."""
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < ttl_s:
+            value: T = hit[1]
+            return value
+        value = await factory()
+        self._cache[key] = (now, value)
+        return value
 
     async def _rows(self, sql: str, args: Any = None) -> list[dict[str, Any]]:
         async with self.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -230,6 +246,8 @@ class ConsoleDb:
         return [float(r["v"]) for r in rows]
 
     async def incident_times(self, since: datetime) -> list[IncidentTimes]:
+        """Milestones of every incident with rows in the window (from the kind+time index; the
+        only stage rows read are the terminal ones)."""
         rows = await self._rows(
             """
             select e.incident_id,
@@ -238,12 +256,13 @@ class ConsoleDb:
                    min(e.at) filter (where e.kind = 'detection') as detected_at,
                    min(e.at) filter (where e.kind = 'action') as first_action_at,
                    min(e.at) filter (where e.kind = 'verify') as running_at,
-                   coalesce(bool_or(e.kind = 'stage' and e.stage = any(%(terminal)s)), false)
-                       as closed
-            from incidents i join audit_events e on e.incident_id = i.id
-            where i.created_at >= %(since)s
-              and e.kind in ('detection', 'action', 'verify', 'stage')
+                   bool_or(e.kind = 'stage') as closed
+            from audit_events e
+            where e.at >= %(since)s
+              and (e.kind in ('detection', 'action', 'verify')
+                   or (e.kind = 'stage' and e.stage = any(%(terminal)s)))
             group by e.incident_id
+            having min(e.at) filter (where e.kind = 'detection') is not null
             """,
             {"since": since, "terminal": TERMINAL},
         )

@@ -29,6 +29,7 @@ from relaunch.models.recovery import AuditRecord
 from relaunch.models.scheduler import Node
 
 SCHEDULER_TIMEOUT_S = 5.0
+REPUTATION_TTL_S = 15.0  # incidents per node over days: fresh enough, and not re-read per view
 DRAIN_REASON_PREFIX = "relaunch incident "  # what the isolate activity writes as the reason
 
 
@@ -74,7 +75,11 @@ async def nodes_page(request: Request) -> Response:
         slurm_error = "no scheduler configured for the console"
     drains, reputation = await asyncio.gather(
         c.db.node_drains(c.config.name),
-        c.db.reputation(c.config.name, datetime.now(UTC) - span),
+        c.db.cached(
+            ("reputation", window),
+            REPUTATION_TTL_S,
+            lambda: c.db.reputation(c.config.name, datetime.now(UTC) - span),
+        ),
     )
     if c.services.scheduler is not None:
         try:

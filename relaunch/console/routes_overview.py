@@ -18,6 +18,8 @@ from relaunch.models.errors import RelaunchError
 from relaunch.models.scheduler import Job
 
 SCHEDULER_TIMEOUT_S = 3.0
+# Window-wide KPIs over up to 30 days of rows; open incidents and approvals are always fresh.
+KPI_TTL_S = 15.0
 
 
 class Pending(BaseModel):
@@ -87,19 +89,9 @@ async def live_context(c: Console, now: datetime) -> dict[str, Any]:
     return {"open_incidents": open_, "pending": pending_view(c, pending, now), "now": now}
 
 
-async def overview(request: Request) -> Response:
-    auth = require(request)
-    c = console(request)
-    try:
-        window, span = kpis.parse_window(request.query_params.get("window"))
-    except kpis.BadWindowError as exc:
-        raise Problem(str(exc)) from exc
-    now = datetime.now(UTC)
-    since = now - span
-    bucket = bucket_for(span)
-    live, clusters, recent, (jobs, jobs_error) = await asyncio.gather(
-        live_context(c, now), c.db.clusters(), c.db.recent_incidents(15), watched_jobs(c)
-    )
+async def window_kpis(
+    c: Console, window: str, since: datetime, bucket: str
+) -> tuple[kpis.Kpis, list[tuple[datetime, int]]]:
     categories, latencies, times, restarts, over_time = await asyncio.gather(
         c.db.categories(since),
         c.db.detection_latencies(since),
@@ -113,7 +105,26 @@ async def overview(request: Request) -> Response:
         detection_latencies=latencies,
         times=times,
         restarts=restarts,
-        now=now,
+        now=datetime.now(UTC),
+    )
+    return summary, over_time
+
+
+async def overview(request: Request) -> Response:
+    auth = require(request)
+    c = console(request)
+    try:
+        window, span = kpis.parse_window(request.query_params.get("window"))
+    except kpis.BadWindowError as exc:
+        raise Problem(str(exc)) from exc
+    now = datetime.now(UTC)
+    since = now - span
+    bucket = bucket_for(span)
+    live, clusters, recent, (jobs, jobs_error) = await asyncio.gather(
+        live_context(c, now), c.db.clusters(), c.db.recent_incidents(15), watched_jobs(c)
+    )
+    summary, over_time = await c.db.cached(
+        ("kpis", window), KPI_TTL_S, lambda: window_kpis(c, window, since, bucket)
     )
     return render(
         request,

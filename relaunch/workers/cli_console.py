@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from temporalio.client import Client
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.factory import slurm_cli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Approval
@@ -57,7 +57,7 @@ def register(cli: click.Group) -> None:
             _logging()
             app = create_app(
                 config,
-                Services(decide=TemporalDecider(config), scheduler=SlurmCli(env=config.slurm_env)),
+                Services(decide=TemporalDecider(config), scheduler=slurm_cli(config)),
             )
         except RelaunchError as exc:
             _fail(exc)
