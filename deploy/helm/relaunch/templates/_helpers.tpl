@@ -1,0 +1,354 @@
+{{/* Names and labels. */}}
+{{- define "relaunch.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "relaunch.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "relaunch.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "relaunch.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+relaunch.io/cluster: {{ .Values.cluster.name | quote }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "worker") */}}
+{{- define "relaunch.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "relaunch.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "relaunch.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "relaunch.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "relaunch.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Refuse values that cannot make a working release, with a message that says what to set. */}}
+{{- define "relaunch.validate" -}}
+{{- if not .Values.cluster.name -}}
+{{- fail "cluster.name is required" -}}
+{{- end -}}
+{{- if not (has .Values.mode (list "ssh" "incluster")) -}}
+{{- fail (printf "mode must be ssh or incluster, not %q" .Values.mode) -}}
+{{- end -}}
+{{- if not .Values.database.existingSecret -}}
+{{- fail "database.existingSecret is required: a Secret holding the PostgreSQL DSN" -}}
+{{- end -}}
+{{- if eq .Values.mode "ssh" -}}
+{{- if not .Values.ssh.host -}}
+{{- fail "ssh mode: ssh.host is required" -}}
+{{- end -}}
+{{- if not .Values.ssh.existingSecret -}}
+{{- fail "ssh mode: ssh.existingSecret is required (private key and known_hosts)" -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.temporal.tls.enabled (not .Values.temporal.tls.existingSecret) -}}
+{{- fail "temporal.tls.enabled: temporal.tls.existingSecret is required" -}}
+{{- end -}}
+{{- if and .Values.incluster.slurmrestd.enabled (not .Values.incluster.slurmrestd.existingSecret) -}}
+{{- fail "incluster.slurmrestd.enabled: incluster.slurmrestd.existingSecret is required" -}}
+{{- end -}}
+{{- if and .Values.console.enabled (not .Values.console.tokens.existingSecret) -}}
+{{- fail "console.enabled: console.tokens.existingSecret is required (token hashes)" -}}
+{{- end -}}
+{{- if and .Values.console.enabled (gt (int .Values.console.replicas) 1) (not .Values.console.sessionSecret.existingSecret) -}}
+{{- fail "console.replicas > 1: console.sessionSecret.existingSecret is required" -}}
+{{- end -}}
+{{- if lt (int .Values.worker.replicas) 1 -}}
+{{- fail "worker.replicas must be 1 or more" -}}
+{{- end -}}
+{{- if le (int .Values.worker.terminationGracePeriodSeconds) 20 -}}
+{{- fail "worker.terminationGracePeriodSeconds must exceed the worker's 20 s graceful shutdown" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The cluster configuration (relaunch.models.config.ClusterConfig) as JSON. It holds no secret:
+database_url is "from-env:RELAUNCH_DATABASE_URL", which relaunch-entrypoint replaces with the
+variable's value (from the database Secret) when it writes the configuration the process reads.
+*/}}
+{{- define "relaunch.config" -}}
+{{- $v := .Values -}}
+{{- $c := dict "name" $v.cluster.name "temporal_address" $v.temporal.address "temporal_namespace" $v.temporal.namespace "database_url" "from-env:RELAUNCH_DATABASE_URL" "bundle_dir" $v.bundles.mountPath "policy" $v.policy "watch" $v.watch "logs" $v.logs -}}
+{{- if $v.temporal.ui -}}
+{{- $_ := set $c "temporal_ui" $v.temporal.ui -}}
+{{- end -}}
+{{- if $v.cluster.nodeLogPattern -}}
+{{- $_ := set $c "node_log_pattern" $v.cluster.nodeLogPattern -}}
+{{- end -}}
+{{- if $v.cluster.telemetryPattern -}}
+{{- $_ := set $c "telemetry_pattern" $v.cluster.telemetryPattern -}}
+{{- end -}}
+{{- if eq $v.mode "ssh" -}}
+{{- if $v.cluster.slurmConf -}}
+{{- $_ := set $c "slurm_conf" $v.cluster.slurmConf -}}
+{{- end -}}
+{{- $_ := set $c "ssh" (dict "host" $v.ssh.host "port" $v.ssh.port "user" $v.ssh.user "key_file" (printf "/etc/relaunch/ssh/%s" $v.ssh.privateKeyKey) "known_hosts" (printf "/etc/relaunch/ssh/%s" $v.ssh.knownHostsKey) "connect_timeout_s" $v.ssh.connectTimeoutS "command_timeout_s" $v.ssh.commandTimeoutS) -}}
+{{- else -}}
+{{- $_ := set $c "slurm_conf" (default "/etc/slurm/slurm.conf" $v.cluster.slurmConf) -}}
+{{- if $v.incluster.slurmrestd.enabled -}}
+{{- $_ := set $c "slurmrestd" (dict "url" $v.incluster.slurmrestd.url "user" $v.incluster.slurmrestd.user "jwt_key_file" (printf "/etc/relaunch/slurm-jwt/%s" $v.incluster.slurmrestd.key)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.temporal.tls.enabled -}}
+{{- $tls := dict "client_cert" "/etc/relaunch/temporal-tls/tls.crt" "client_key" "/etc/relaunch/temporal-tls/tls.key" -}}
+{{- if $v.temporal.tls.serverCA -}}
+{{- $_ := set $tls "server_root_ca_cert" "/etc/relaunch/temporal-tls/ca.crt" -}}
+{{- end -}}
+{{- if $v.temporal.tls.serverName -}}
+{{- $_ := set $tls "server_name" $v.temporal.tls.serverName -}}
+{{- end -}}
+{{- $_ := set $c "temporal_tls" $tls -}}
+{{- end -}}
+{{- $console := dict "host" "0.0.0.0" "port" $v.console.port "session_secret_env" "RELAUNCH_CONSOLE_SECRET" -}}
+{{- if $v.console.tokens.existingSecret -}}
+{{- $_ := set $console "tokens_file" (printf "/etc/relaunch/console/%s" $v.console.tokens.key) -}}
+{{- end -}}
+{{- $_ := set $c "console" $console -}}
+{{- toPrettyJson $c -}}
+{{- end -}}
+
+{{/* Pod-level settings shared by the three components: (dict "root" $ "component" "worker") */}}
+{{- define "relaunch.podCommon" -}}
+{{- $v := .root.Values -}}
+serviceAccountName: {{ include "relaunch.serviceAccountName" .root }}
+automountServiceAccountToken: false
+{{- with $v.pullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml $v.podSecurityContext | nindent 2 }}
+{{- $c := index $v .component }}
+{{- with $c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The volumes of one component: (dict "root" $ "component" "worker") */}}
+{{- define "relaunch.volumes" -}}
+{{- $v := .root.Values -}}
+- name: config
+  configMap:
+    name: {{ include "relaunch.fullname" .root }}-config
+- name: run
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+- name: tmp
+  emptyDir:
+    sizeLimit: 256Mi
+{{- if eq $v.mode "ssh" }}
+- name: ssh
+  secret:
+    secretName: {{ $v.ssh.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $v.ssh.privateKeyKey }}
+        path: {{ $v.ssh.privateKeyKey }}
+      - key: {{ $v.ssh.knownHostsKey }}
+        path: {{ $v.ssh.knownHostsKey }}
+{{- else }}
+- name: slurm-conf
+{{- if $v.incluster.slurmConfConfigMap }}
+  configMap:
+    name: {{ $v.incluster.slurmConfConfigMap }}
+{{- else }}
+  hostPath:
+    path: {{ $v.incluster.slurmConfHostPath }}
+    type: Directory
+{{- end }}
+- name: munge
+  hostPath:
+    path: {{ $v.incluster.mungeSocketHostPath }}
+    type: Directory
+{{- if $v.incluster.slurmrestd.enabled }}
+- name: slurm-jwt
+  secret:
+    secretName: {{ $v.incluster.slurmrestd.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $v.incluster.slurmrestd.key }}
+        path: {{ $v.incluster.slurmrestd.key }}
+{{- end }}
+{{- end }}
+{{- if $v.temporal.tls.enabled }}
+- name: temporal-tls
+  secret:
+    secretName: {{ $v.temporal.tls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- if eq .component "worker" }}
+- name: bundles
+{{- if $v.bundles.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ $v.bundles.existingClaim }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end }}
+{{- if and (eq .component "console") $v.console.tokens.existingSecret }}
+- name: console-tokens
+  secret:
+    secretName: {{ $v.console.tokens.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $v.console.tokens.key }}
+        path: {{ $v.console.tokens.key }}
+{{- end }}
+{{- with $v.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The container's mounts, matching relaunch.volumes. */}}
+{{- define "relaunch.volumeMounts" -}}
+{{- $v := .root.Values -}}
+- name: config
+  mountPath: /etc/relaunch/config
+  readOnly: true
+- name: run
+  mountPath: /run/relaunch
+- name: tmp
+  mountPath: /tmp
+{{- if eq $v.mode "ssh" }}
+- name: ssh
+  mountPath: /etc/relaunch/ssh
+  readOnly: true
+{{- else }}
+- name: slurm-conf
+  mountPath: /etc/slurm
+  readOnly: true
+- name: munge
+  mountPath: /run/munge
+{{- if $v.incluster.slurmrestd.enabled }}
+- name: slurm-jwt
+  mountPath: /etc/relaunch/slurm-jwt
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- if $v.temporal.tls.enabled }}
+- name: temporal-tls
+  mountPath: /etc/relaunch/temporal-tls
+  readOnly: true
+{{- end }}
+{{- if eq .component "worker" }}
+- name: bundles
+  mountPath: {{ $v.bundles.mountPath }}
+{{- end }}
+{{- if and (eq .component "console") $v.console.tokens.existingSecret }}
+- name: console-tokens
+  mountPath: /etc/relaunch/console
+  readOnly: true
+{{- end }}
+{{- with $v.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The container's environment: secrets by reference only. */}}
+{{- define "relaunch.env" -}}
+{{- $v := .root.Values -}}
+- name: RELAUNCH_CONFIG_TEMPLATE
+  value: /etc/relaunch/config/cluster.json
+- name: RELAUNCH_CONFIG
+  value: /run/relaunch/cluster.json
+- name: RELAUNCH_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.database.existingSecret }}
+      key: {{ $v.database.key }}
+{{- if eq $v.mode "incluster" }}
+- name: RELAUNCH_MUNGE_SOCKET
+  value: /run/munge/munge.socket.2
+{{- end }}
+{{- if and (eq .component "console") $v.console.sessionSecret.existingSecret }}
+- name: RELAUNCH_CONSOLE_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.console.sessionSecret.existingSecret }}
+      key: {{ $v.console.sessionSecret.key }}
+{{- end }}
+- name: HOME
+  value: /tmp
+{{- with $v.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The container of one component: (dict "root" $ "component" "worker" "command" "worker") */}}
+{{- define "relaunch.container" -}}
+{{- $v := .root.Values -}}
+{{- $c := index $v .component -}}
+- name: {{ .component }}
+  image: {{ include "relaunch.image" .root }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  command: ["relaunch-entrypoint"]
+  args: [{{ .command | quote }}, "--config", "/run/relaunch/cluster.json"]
+  env:
+    {{- include "relaunch.env" . | nindent 4 }}
+  {{- with $v.extraEnvFrom }}
+  envFrom:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if eq .component "console" }}
+  ports:
+    - name: http
+      containerPort: {{ $v.console.port }}
+      protocol: TCP
+  startupProbe:
+    httpGet: {path: /healthz, port: http}
+    periodSeconds: 2
+    failureThreshold: 30
+  livenessProbe:
+    httpGet: {path: /healthz, port: http}
+    periodSeconds: 15
+    timeoutSeconds: 5
+  readinessProbe:
+    httpGet: {path: /healthz, port: http}
+    periodSeconds: 10
+    timeoutSeconds: 5
+  {{- else }}
+  # No HTTP endpoint: the probe checks what can go bad under a running process (the written
+  # configuration, the key, known_hosts, certificate and token files it names, the munge socket).
+  livenessProbe:
+    exec:
+      command: ["relaunch-entrypoint", "--check"]
+    {{- toYaml $c.livenessProbe | nindent 4 }}
+  readinessProbe:
+    exec:
+      command: ["relaunch-entrypoint", "--check"]
+    {{- toYaml $c.readinessProbe | nindent 4 }}
+  {{- end }}
+  resources:
+    {{- toYaml $c.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "relaunch.volumeMounts" . | nindent 4 }}
+{{- end -}}

