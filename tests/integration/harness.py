@@ -62,6 +62,11 @@ class Harness:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.jobs: list[str] = []
 
+    def configure(self, **updates: object) -> None:
+        """Change the cluster configuration the harness's processes will read."""
+        self.config = self.config.model_copy(update=updates)
+        self.config_path.write_text(self.config.model_dump_json(indent=2))
+
     # -------------------------------------------------------------- processes
 
     def start(self, name: str) -> None:

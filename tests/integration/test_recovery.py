@@ -8,14 +8,11 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
 from temporalio.client import Client
 
-from relaunch.connectors.audit import AuditStore
 from relaunch.devstack.services import temporal_binary
 from relaunch.devstack.stack import Stack
 from relaunch.models.recovery import (
@@ -30,35 +27,12 @@ from relaunch.models.recovery import (
 from relaunch.models.scheduler import JobState
 from relaunch.workers import recovery_client
 from relaunch.workflows.recovery import RecoveryWorkflow
+from tests.integration.conftest import MakeHarness
 from tests.integration.harness import Harness
 from tests.integration.helpers import wait_job
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
-MakeHarness = Callable[[Policy], Harness]
-
-
-@pytest.fixture
-async def make_harness(
-    stack: Stack, tmp_path: Path, temporal_client: Client
-) -> AsyncIterator[MakeHarness]:
-    tmp_path.chmod(0o755)
-    audit = await AuditStore.open(stack.database_url)
-    made: list[Harness] = []
-
-    def make(policy: Policy) -> Harness:
-        h = Harness(stack, tmp_path, temporal_client, audit, policy)
-        made.append(h)
-        return h
-
-    try:
-        yield make
-    finally:
-        for h in made:
-            await h.stop()
-        if made:
-            await made[0].restore_nodes()
-        await audit.close()
 
 
 async def save_history(h: Harness, incident: str, name: str) -> None:

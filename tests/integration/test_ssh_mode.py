@@ -7,13 +7,11 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client
 
-from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.slurm.cli import LINEAGE_KEY, SlurmCli
 from relaunch.connectors.slurm.ssh import SshRunner
 from relaunch.devstack.stack import Stack
@@ -27,11 +25,9 @@ from relaunch.models.errors import (
 from relaunch.models.recovery import Mode, Policy, Stage
 from relaunch.models.scheduler import JobState
 from tests.conftest import sbatch
-from tests.integration.harness import Harness
+from tests.integration.conftest import MakeHarness
 from tests.integration.helpers import wait_job
 from tests.integration.sshd import Sshd
-
-MakeHarness = Callable[[Policy], Harness]
 
 
 @pytest.fixture
@@ -228,34 +224,9 @@ async def test_hostile_job_name_and_comment_reach_slurm_literally(
 # ------------------------------------------------------------------ end to end
 
 
-@pytest.fixture
-async def make_harness(
-    stack: Stack, tmp_path: Path, temporal_client: Client, sshd: Sshd
-) -> AsyncIterator[MakeHarness]:
-    """Harnesses whose worker and watcher reach Slurm only through the loopback sshd."""
-    tmp_path.chmod(0o755)
-    audit = await AuditStore.open(stack.database_url)
-    made: list[Harness] = []
-
-    def make(policy: Policy) -> Harness:
-        h = Harness(stack, tmp_path, temporal_client, audit, policy)
-        h.config = h.config.model_copy(update={"ssh": sshd.settings()})
-        h.config_path.write_text(h.config.model_dump_json(indent=2))
-        made.append(h)
-        return h
-
-    try:
-        yield make
-    finally:
-        for h in made:
-            await h.stop()
-        if made:
-            await made[0].restore_nodes()
-        await audit.close()
-
-
 async def test_autonomous_recovery_through_ssh_mode(make_harness: MakeHarness, sshd: Sshd) -> None:
-    h = make_harness(Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=120))
+    # The worker and watcher reach Slurm only through the loopback sshd.
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=120), ssh=sshd.settings())
     assert h.config.ssh is not None
     sent_before = len(sshd.commands())
     h.start("worker")
