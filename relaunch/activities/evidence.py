@@ -253,7 +253,10 @@ class EvidenceActivities:
                 "log_path": job.stdout_path,
                 "log_start": start,
                 "log_size": log_size,
-                "job": job.model_dump(mode="json"),
+                "job": {
+                    **job.model_dump(mode="json"),
+                    "last_checkpoint_step": summary.job.last_checkpoint_step,
+                },
                 "node_states": bundle_job.node_states,
                 "unreachable_nodes": unreachable,
                 "log_excerpt": job_log.splitlines()[-40:],

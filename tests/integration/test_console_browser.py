@@ -9,6 +9,7 @@ made that way)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -146,6 +147,8 @@ async def test_a_monitor_mode_recovery_live_in_the_browser(
         await expect(admin.locator(f"[data-test={marker}]")).to_be_visible()
         await shot(admin, name)
     await expect(admin.locator("[data-test=audit-row]").first).to_be_visible()
+    await admin.goto(f"/jobs/{job_id}?cluster={h.config.name}")
+    await expect(admin.locator("[data-test=checkpoint]").first).to_have_text(re.compile(r"^\d+$"))
     resume = admin.locator(f"[data-test=node-row]:has-text('{culprit}') [data-test=resume]")
     await admin.goto("/nodes")
     await expect(resume).to_be_visible()
