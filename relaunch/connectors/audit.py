@@ -195,6 +195,48 @@ class AuditStore:
             )
             return bool(cur.rowcount == 1)
 
+    async def incident_info(self, incident_id: str) -> dict[str, Any] | None:
+        """The incident's cluster, job_id and attempt (None if unknown)."""
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                "select cluster, job_id, attempt from incidents where id = %s", (incident_id,)
+            )
+            row: dict[str, Any] | None = await cur.fetchone()
+            return row
+
+    async def has_dedupe_key(self, dedupe_key: str) -> bool:
+        """Whether a row was recorded under this dedupe key (a step done before a retry)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "select 1 from audit_events where dedupe_key = %s", (dedupe_key,)
+            )
+            return await cur.fetchone() is not None
+
+    async def events_after(
+        self, last_id: int, kinds: Sequence[str], limit: int = 500
+    ) -> list[StoredEvent]:
+        """Rows of these kinds recorded after row ``last_id``, oldest first (a follower's feed)."""
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                "select id, incident_id, kind, at, actor, stage, nodes, summary, data"
+                " from audit_events where id > %s and kind = any(%s) order by id limit %s",
+                (last_id, list(kinds), limit),
+            )
+            return [StoredEvent.model_validate(row) for row in await cur.fetchall()]
+
+    async def first_id_since(self, since: datetime, kinds: Sequence[str]) -> int:
+        """The id just before the first row of these kinds at or after ``since`` (else the
+        latest id): where a follower that looks back to ``since`` starts."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "select coalesce((select min(id) - 1 from audit_events"
+                " where kind = any(%s) and at >= %s),"
+                " (select coalesce(max(id), 0) from audit_events))",
+                (list(kinds), since),
+            )
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
     async def events(self, incident_id: str) -> list[StoredEvent]:
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(

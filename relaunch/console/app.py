@@ -19,6 +19,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaunch.console import (
+    intake,
+    metrics,
     routes_audit,
     routes_auth,
     routes_incident,
@@ -27,6 +29,7 @@ from relaunch.console import (
     routes_overview,
 )
 from relaunch.console.auth import Sessions, TokensFileError, TokenStore
+from relaunch.console.background import Background
 from relaunch.console.live import Broadcaster
 from relaunch.console.queries import ConsoleDb
 from relaunch.console.web import HERE, Console, NotSignedIn, Problem, Services, render
@@ -142,12 +145,16 @@ def create_app(
         live=Broadcaster(db, interval=live_interval),
     )
 
+    background = Background(config, db)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await db.start()
+        background.start()
         try:
             yield
         finally:
+            await background.close()
             await state.live.close()
             await db.close()
 
@@ -169,6 +176,8 @@ def create_app(
         Route("/login", routes_auth.login, methods=["POST"]),
         Route("/logout", routes_auth.logout, methods=["POST"]),
         Route("/healthz", lambda _: PlainTextResponse("ok")),
+        *intake.routes(),
+        *metrics.routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(
@@ -184,4 +193,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.console = state
+    app.state.background = background
     return app

@@ -24,21 +24,26 @@ SESSION_MAX_AGE_S = 12 * 3600
 
 
 class Role(StrEnum):
-    """Viewer < approver < admin: each may do what the ones before it may."""
+    """Viewer < approver < admin: each may do what the ones before it may. ``intake`` stands
+    apart: a machine sender (Alertmanager, a Slurm hook) that may push signals in and nothing
+    else, and that no person's role includes."""
 
     VIEWER = "viewer"
     APPROVER = "approver"
     ADMIN = "admin"
+    INTAKE = "intake"
 
     @property
     def rank(self) -> int:
         return _RANK[self]
 
     def allows(self, needed: Role) -> bool:
+        if Role.INTAKE in (self, needed):
+            return self is needed
         return self.rank >= needed.rank
 
 
-_RANK = {Role.VIEWER: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+_RANK = {Role.INTAKE: 0, Role.VIEWER: 1, Role.APPROVER: 2, Role.ADMIN: 3}
 
 
 class TokenEntry(BaseModel):

@@ -20,11 +20,12 @@ from relaunch.console.kpis import human_duration
 from relaunch.console.live import Broadcaster
 from relaunch.console.queries import ConsoleDb
 from relaunch.models.config import ClusterConfig
-from relaunch.models.recovery import Approval
+from relaunch.models.recovery import Approval, Detection
 
 HERE = Path(__file__).resolve().parent
 
 Decide = Callable[[str, str, Approval], Awaitable[object]]
+Deliver = Callable[[Detection], Awaitable[bool]]
 
 
 class Problem(Exception):
@@ -64,6 +65,7 @@ class Services:
 
     decide: Decide | None = None
     scheduler: Scheduler | None = None
+    deliver: Deliver | None = None  # signal-with-start of a pushed-in detection (intake)
 
 
 @dataclass

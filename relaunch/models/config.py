@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from relaunch.models import names
 from relaunch.models.logstore import LogStoreSettings
+from relaunch.models.notify import NotifySettings
 from relaunch.models.recovery import Policy
 
 
@@ -111,6 +112,10 @@ class ClusterConfig(BaseModel):
     policy: Policy = Field(default_factory=Policy)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    notify: NotifySettings = Field(
+        default_factory=NotifySettings,
+        description="webhook, Slack and PagerDuty channels (`relaunch console` sends)",
+    )
 
     @property
     def slurm_env(self) -> dict[str, str]:

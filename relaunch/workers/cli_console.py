@@ -11,7 +11,7 @@ from temporalio.client import Client
 from relaunch.connectors.slurm.factory import slurm_cli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import Approval
+from relaunch.models.recovery import Approval, Detection
 from relaunch.workers.cli_errors import fail as _fail
 from relaunch.workers.cli_recovery import config_options, load_config
 
@@ -34,6 +34,16 @@ class TemporalDecider:
                 self._client = await connect(self._config)
         return await recovery_client.decide(self._client, incident, decision, approval)
 
+    async def deliver(self, det: Detection) -> bool:
+        """A pushed-in detection (the console's intake): signal-with-start, as the watcher."""
+        from relaunch.workers import recovery_client
+        from relaunch.workers.worker import connect
+
+        async with self._lock:
+            if self._client is None:
+                self._client = await connect(self._config)
+        return await recovery_client.start_or_join(self._client, self._config, det)
+
 
 def register(cli: click.Group) -> None:
     @cli.command("console")
@@ -45,7 +55,9 @@ def register(cli: click.Group) -> None:
     def console_cmd(
         config_path: Path | None, cluster: str, state_dir: Path, host: str | None, port: int | None
     ) -> None:
-        """Serve the Recovery Console: incidents, approvals, nodes, jobs and the audit trail."""
+        """Serve the Recovery Console: incidents, approvals, nodes, jobs and the audit trail;
+        the intake routes (Alertmanager, Slurm hooks), /metrics, and the notifier (when the
+        configuration names notify channels)."""
         import uvicorn
 
         from relaunch.console.app import create_app
@@ -55,9 +67,10 @@ def register(cli: click.Group) -> None:
         try:
             config = load_config(config_path, cluster, state_dir)
             _logging()
+            temporal = TemporalDecider(config)
             app = create_app(
                 config,
-                Services(decide=TemporalDecider(config), scheduler=slurm_cli(config)),
+                Services(decide=temporal, scheduler=slurm_cli(config), deliver=temporal.deliver),
             )
         except RelaunchError as exc:
             _fail(exc)

@@ -1,0 +1,399 @@
+"""Signals pushed in: ``POST /intake/alertmanager`` and ``POST /intake/slurm``.
+
+Each accepted request is recorded first (audit rows of kind ``intake``, against the cluster's
+``intake-<cluster>`` record), then turned into detections for the watched jobs it concerns and
+delivered through signal-with-start. A failure to look the jobs up or to reach Temporal answers
+503, so the sender retries; a retry of something already delivered (same alert fingerprint and
+start, or the same Slurm event) is recorded once and delivered once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from relaunch.console.auth import Role
+from relaunch.console.web import Console, console
+from relaunch.models.errors import InvalidNameError, RelaunchError
+from relaunch.models.intake import (
+    Alert,
+    AlertmanagerPayload,
+    AlertStatus,
+    SlurmEventKind,
+    SlurmHookEvent,
+)
+from relaunch.models.recovery import AuditRecord, Detection, DetectionSource
+from relaunch.models.scheduler import Job, JobState
+
+log = logging.getLogger("relaunch.console.intake")
+
+
+MAX_BODY = 1 << 20
+_ALERTNAME = re.compile(r"[A-Za-z0-9_:.-]{1,100}")
+_ON, _OFF = {"on", "yes", "true", "1"}, {"off", "no", "false", "0"}
+
+
+class IntakeRefused(Exception):
+    """A request refused before anything was recorded: a 4xx with the offending field."""
+
+    def __init__(self, status: int, error: str, field: str | None) -> None:
+        super().__init__(error)
+        self.status, self.error, self.field = status, error, field
+
+
+class Target(BaseModel):
+    """One detection to deliver, with what the response reports about it."""
+
+    detection: Detection
+    source_key: str
+
+
+def intake_incident(cluster: str) -> str:
+    """The audit record intake rows belong to (the trail's rows each name an incident)."""
+    return f"intake-{cluster}"
+
+
+def _refusal(exc: IntakeRefused) -> JSONResponse:
+    headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(
+        {"error": exc.error, "field": exc.field}, status_code=exc.status, headers=headers
+    )
+
+
+def _unavailable(error: str) -> JSONResponse:
+    return JSONResponse({"error": error, "field": None}, status_code=503)
+
+
+def _authorize(request: Request, c: Console) -> str:
+    header = request.headers.get("authorization", "")
+    if not header.lower().startswith("bearer "):
+        raise IntakeRefused(401, "an intake bearer token is required", "authorization")
+    user = c.tokens.authenticate(header[7:])
+    if user is None:
+        raise IntakeRefused(401, "unknown or revoked token", "authorization")
+    if not user.can(Role.INTAKE):
+        raise IntakeRefused(403, f"{user.name} is a {user.role}, not an intake sender", None)
+    return user.name
+
+
+async def _json_body(request: Request) -> Any:
+    if int(request.headers.get("content-length") or 0) > MAX_BODY:
+        raise IntakeRefused(413, f"body larger than {MAX_BODY} bytes", "body")
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        raise IntakeRefused(413, f"body larger than {MAX_BODY} bytes", "body")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IntakeRefused(400, f"body is not valid JSON: {exc}", "body") from exc
+
+
+def _parse(model: type[BaseModel], raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise IntakeRefused(422, "body must be a JSON object", "body")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise IntakeRefused(422, msg, field) from exc
+
+
+def _trim(value: str, limit: int = 300) -> str:
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
+def _watched(c: Console, job: Job) -> bool:
+    flag = job.comment_fields.get("relaunch", "").strip().lower()
+    if flag in _OFF:
+        return False
+    if c.config.watch.opt_in_comment and flag in _ON:
+        return True
+    return any(p in c.config.watch.partitions for p in job.partition.split(",") if p)
+
+
+def _on_node(job: Job, node: str) -> str | None:
+    """The job's node that ``node`` names (as is, or a FQDN's first label)."""
+    if node in job.nodes:
+        return node
+    short = node.split(".")[0]
+    return short if short in job.nodes else None
+
+
+async def _jobs(c: Console) -> list[Job]:
+    if c.services.scheduler is None:
+        raise RelaunchError("the console has no scheduler to look jobs up")
+    return await c.services.scheduler.list_jobs()
+
+
+def _candidates(
+    c: Console, jobs: list[Job], node: str | None, job_id: str | None
+) -> list[tuple[Job, list[str]]]:
+    """Watched jobs the signal concerns, each with the nodes to name in the detection."""
+    found: list[tuple[Job, list[str]]] = []
+    for job in jobs:
+        if not _watched(c, job):
+            continue
+        on = _on_node(job, node) if node else None
+        if job_id is not None:
+            if job.job_id == job_id:
+                found.append((job, [on] if on else []))
+        elif on and (job.state is JobState.RUNNING or job.state.is_abnormal_end):
+            found.append((job, [on]))
+    return found
+
+
+async def _record(
+    c: Console, summary: str, key: str | None, data: dict[str, object], nodes: list[str]
+) -> bool:
+    store = c.db.store
+    incident = intake_incident(c.config.name)
+    async with c.db.connection():  # the schema is there (migrated on the console's first use)
+        pass
+    await store.ensure_incident(incident, c.config.name, "intake", 0)
+    return await store.record(
+        AuditRecord(
+            incident_id=incident,
+            kind="intake",
+            at=datetime.now(UTC),
+            actor="intake",
+            nodes=nodes,
+            summary=summary,
+            data=data,
+        ),
+        dedupe_key=f"{incident}:{key}" if key else None,
+    )
+
+
+async def _delivered(c: Console, key: str) -> bool:
+    return await c.db.store.has_dedupe_key(f"{intake_incident(c.config.name)}:{key}:delivered")
+
+
+async def _deliver(
+    c: Console, key: str, targets: list[Target], summary: str
+) -> list[dict[str, object]]:
+    """Deliver every detection, then mark the signal delivered (a retry after a failure
+    delivers again: signal-with-start joins the recovery already started)."""
+    if c.services.deliver is None:
+        raise RelaunchError("the console cannot reach Temporal (no delivery configured)")
+    results: list[dict[str, object]] = []
+    for target in targets:
+        det = target.detection
+        started = await c.services.deliver(det)
+        results.append(
+            {
+                "job_id": det.job_id,
+                "workflow_id": det.workflow_id,
+                "kind": det.kind,
+                "started": started,
+            }
+        )
+        log.info(
+            "intake %s -> %s (%s)", det.kind, det.workflow_id, "started" if started else "joined"
+        )
+    await _record(c, f"delivered: {summary}", f"{key}:delivered", {"delivered": results}, [])
+    return results
+
+
+def _detection(
+    c: Console,
+    job: Job,
+    nodes: list[str],
+    source: DetectionSource,
+    kind: str,
+    text: str,
+    fault_time: datetime | None,
+) -> Detection:
+    return Detection(
+        cluster=c.config.name,
+        job_id=job.job_id,
+        attempt=job.restart_count,
+        source=source,
+        kind=kind,
+        text=_trim(text, 500),
+        nodes=nodes,
+        fault_time=fault_time,
+        detected_at=datetime.now(UTC),
+    )
+
+
+# ---------------------------------------------------------------------- Alertmanager
+
+
+def _check_alert(i: int, alert: Alert) -> tuple[str | None, str | None]:
+    if not _ALERTNAME.fullmatch(alert.name):
+        raise IntakeRefused(
+            422, f"invalid alertname {alert.name!r}", f"alerts.{i}.labels.alertname"
+        )
+    try:
+        node = alert.node()
+    except InvalidNameError as exc:
+        label = next(
+            lb for lb in ("Hostname", "hostname", "node", "instance") if alert.labels.get(lb)
+        )
+        raise IntakeRefused(422, exc.message, f"alerts.{i}.labels.{label}") from exc
+    try:
+        job_id = alert.job_id()
+    except InvalidNameError as exc:
+        label = "slurm_job_id" if alert.labels.get("slurm_job_id") else "job"
+        raise IntakeRefused(422, exc.message, f"alerts.{i}.labels.{label}") from exc
+    return node, job_id
+
+
+def _alert_row(payload: AlertmanagerPayload, alert: Alert) -> dict[str, object]:
+    return {
+        "source": "alertmanager",
+        "receiver": _trim(payload.receiver, 100),
+        "group_key": _trim(payload.groupKey, 200),
+        "status": alert.status.value,
+        "fingerprint": alert.key,
+        "starts_at": alert.startsAt.isoformat(),
+        "labels": {_trim(k, 60): _trim(v, 200) for k, v in list(alert.labels.items())[:30]},
+        "annotations": {
+            _trim(k, 60): _trim(v, 500) for k, v in list(alert.annotations.items())[:10]
+        },
+    }
+
+
+async def alertmanager(request: Request) -> Response:
+    c = console(request)
+    try:
+        _authorize(request, c)
+        payload: AlertmanagerPayload = _parse(AlertmanagerPayload, await _json_body(request))
+        checked = [_check_alert(i, a) for i, a in enumerate(payload.alerts)]
+    except IntakeRefused as exc:
+        return _refusal(exc)
+    report: list[dict[str, object]] = []
+    try:
+        jobs: list[Job] | None = None
+        for alert, (node, job_id) in zip(payload.alerts, checked, strict=True):
+            key = f"am:{alert.key}:{alert.startsAt.isoformat()}"
+            summary = f"alert {alert.name} {alert.status.value}" + (f" on {node}" if node else "")
+            status_key = key if alert.status is AlertStatus.FIRING else f"{key}:resolved"
+            new = await _record(
+                c, summary, status_key, _alert_row(payload, alert), [node] if node else []
+            )
+            entry: dict[str, object] = {
+                "alert": alert.name,
+                "fingerprint": alert.key,
+                "status": alert.status.value,
+                "recorded": new,
+            }
+            report.append(entry)
+            if alert.status is AlertStatus.RESOLVED:
+                entry["note"] = "resolved: recorded, no action"
+                continue
+            if node is None and job_id is None:
+                entry["note"] = "names no node or Slurm job: recorded, no action"
+                continue
+            if await _delivered(c, key):
+                entry["note"] = "already delivered"
+                continue
+            jobs = jobs if jobs is not None else await _jobs(c)
+            source = (
+                DetectionSource.TELEMETRY if alert.is_telemetry() else DetectionSource.SCHEDULER
+            )
+            targets = [
+                Target(
+                    detection=_detection(
+                        c, job, nodes, source, f"alert:{alert.name}", alert.text(), alert.startsAt
+                    ),
+                    source_key=key,
+                )
+                for job, nodes in _candidates(c, jobs, node, job_id)
+            ]
+            entry["detections"] = await _deliver(c, key, targets, summary)
+    except RelaunchError as exc:
+        log.warning("intake from alertmanager not delivered: %s", exc.message)
+        return _unavailable(f"not delivered, retry later: {exc.message}")
+    except Exception as exc:  # Temporal unreachable, RPC errors: the sender retries on 5xx
+        log.warning("intake from alertmanager not delivered: %s", type(exc).__name__)
+        return _unavailable(f"not delivered, retry later: {type(exc).__name__}")
+    return JSONResponse({"accepted": len(payload.alerts), "alerts": report})
+
+
+# ---------------------------------------------------------------------- Slurm hooks
+
+
+async def slurm(request: Request) -> Response:
+    c = console(request)
+    try:
+        _authorize(request, c)
+        event: SlurmHookEvent = _parse(SlurmHookEvent, await _json_body(request))
+        if event.event is SlurmEventKind.JOB_END and event.job_id is None:
+            raise IntakeRefused(422, "a job_end event needs job_id", "job_id")
+        if event.event is not SlurmEventKind.JOB_END and event.node is None:
+            raise IntakeRefused(422, f"a {event.event.value} event needs node", "node")
+    except IntakeRefused as exc:
+        return _refusal(exc)
+    parts = [event.event.value, event.node or "-", event.job_id or "-", event.state or "-"]
+    key = f"slurm:{':'.join(parts)}:{event.time.isoformat()}" if event.time else None
+    summary = (
+        f"slurm {event.event.value}"
+        + (f" {event.node}" if event.node else "")
+        + (f" job {event.job_id}" if event.job_id else "")
+        + (f" {event.state}" if event.state else "")
+    )
+    entry: dict[str, object] = {"event": event.event.value}
+    try:
+        entry["recorded"] = await _record(
+            c,
+            summary,
+            key,
+            {"source": "slurm_hook", **event.model_dump(mode="json")},
+            [event.node] if event.node else [],
+        )
+        if key is not None and await _delivered(c, key):
+            entry["note"] = "already delivered"
+            return JSONResponse(entry)
+        if event.event is SlurmEventKind.JOB_END:
+            state = JobState.parse(event.state)
+            if not state.is_abnormal_end:
+                entry["note"] = f"job ended {event.state or 'without a state'}: recorded, no action"
+                return JSONResponse(entry)
+            kind = f"slurm_hook:job_end:{state.value}"
+        else:
+            kind = f"slurm_hook:{event.event.value}"
+        jobs = await _jobs(c)
+        found = _candidates(c, jobs, event.node, event.job_id)
+        targets = [
+            Target(
+                detection=_detection(
+                    c,
+                    job,
+                    nodes if event.event is not SlurmEventKind.JOB_END else [],
+                    DetectionSource.SCHEDULER,
+                    kind,
+                    summary,
+                    event.time,
+                ),
+                source_key=key or "",
+            )
+            for job, nodes in found
+        ]
+        entry["detections"] = await _deliver(
+            c, key or f"slurm:{datetime.now(UTC).isoformat()}", targets, summary
+        )
+    except RelaunchError as exc:
+        log.warning("intake from slurm not delivered: %s", exc.message)
+        return _unavailable(f"not delivered, retry later: {exc.message}")
+    except Exception as exc:
+        log.warning("intake from slurm not delivered: %s", type(exc).__name__)
+        return _unavailable(f"not delivered, retry later: {type(exc).__name__}")
+    return JSONResponse(entry)
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/intake/alertmanager", alertmanager, methods=["POST"]),
+        Route("/intake/slurm", slurm, methods=["POST"]),
+    ]

@@ -1,0 +1,190 @@
+"""``GET /metrics``: Prometheus metrics computed from the audit trail at scrape time.
+
+Counts come from the trail, not from process memory, so they survive restarts and agree with
+the console's pages. One SQL statement answers every series (aggregates only: the scrape's cost
+grows with the trail's size, not with the number of series), plus the process's own metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from relaunch.console.auth import Role
+from relaunch.console.queries import ConsoleDb
+from relaunch.console.web import console, require
+from relaunch.models.recovery import TERMINAL_STAGES
+
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TO_ACTION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+
+
+def _histogram_sql(values: str, buckets: Sequence[float]) -> str:
+    # Bucket bounds are constants of this module, never input.
+    counts = ", ".join(f"count(*) filter (where v <= {b!r})" for b in buckets)
+    return f"(select jsonb_build_array(count(*), coalesce(sum(v), 0), {counts}) from ({values}) h)"
+
+
+_DETECTIONS = """
+    with det as (select incident_id, coalesce(data->>'source', 'unknown') as source
+                 from audit_events where kind = 'detection'),
+         verdict as (select distinct on (incident_id) incident_id, data->>'category' as category
+                     from audit_events where kind = 'verdict' order by incident_id, id desc)
+    select d.source, coalesce(v.category, 'unknown') as category, count(*) as n
+    from det d left join verdict v using (incident_id) group by 1, 2
+"""
+
+_LATENCIES = """
+    select (data->>'detection_latency_s')::float as v from audit_events
+    where kind = 'detection' and jsonb_typeof(data->'detection_latency_s') = 'number'
+"""
+
+_TO_ACTION = """
+    select extract(epoch from min(at) filter (where kind = 'action')
+                   - min(at) filter (where kind = 'detection'))::float as v
+    from audit_events where kind in ('detection', 'action')
+    group by incident_id
+    having min(at) filter (where kind = 'action') is not null
+       and min(at) filter (where kind = 'detection') is not null
+"""
+
+_ACTIONS = """
+    select coalesce(data->>'step', 'unknown') as step,
+           case when coalesce((data->>'changed')::boolean, false) then 'done' else 'unchanged'
+           end as result, count(*) as n
+    from audit_events where kind = 'action' group by 1, 2
+"""
+
+_PENDING = """
+    select count(*) from audit_events a
+    where a.kind = 'stage' and a.stage = 'awaiting_approval'
+      and not exists (select 1 from audit_events l where l.incident_id = a.incident_id
+                      and l.kind = 'stage' and l.id > a.id)
+"""
+
+_REFUSALS = """
+    select coalesce(data->>'guard', 'unknown') as guard, count(*) as n from audit_events
+    where kind = 'guard' and not coalesce((data->>'allowed')::boolean, true) group by 1
+"""
+
+
+def _agg(sql: str) -> str:
+    return f"(select coalesce(jsonb_agg(to_jsonb(x)), '[]'::jsonb) from ({sql}) x)"
+
+
+SNAPSHOT_SQL = f"""
+    select {_agg(_DETECTIONS)} as detections,
+           {_histogram_sql(_LATENCIES, LATENCY_BUCKETS)} as latency,
+           {_histogram_sql(_TO_ACTION, TO_ACTION_BUCKETS)} as to_action,
+           {_agg(_ACTIONS)} as actions,
+           ({_PENDING}) as pending,
+           {_agg(_REFUSALS)} as refusals
+"""
+assert all(s.value != "awaiting_approval" for s in TERMINAL_STAGES)
+
+
+def _histogram(
+    name: str, doc: str, row: Sequence[float], buckets: Sequence[float]
+) -> HistogramMetricFamily:
+    count, total, *cumulative = row
+    family = HistogramMetricFamily(name, doc)
+    pairs = [(repr(float(b)), float(n)) for b, n in zip(buckets, cumulative, strict=True)]
+    family.add_metric([], [*pairs, ("+Inf", float(count))], float(total))
+    return family
+
+
+class AuditCollector(Collector):
+    """The metric families of one snapshot of the audit trail (computed before the scrape
+    renders: the registry's collect() is synchronous, the database is not)."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.snapshot
+        detections = CounterMetricFamily(
+            "relaunch_detections",
+            "Detections recorded, by source and by the incident's verdict category.",
+            labels=["source", "category"],
+        )
+        for r in s["detections"]:
+            detections.add_metric([r["source"], r["category"]], float(r["n"]))
+        yield detections
+        yield _histogram(
+            "relaunch_detection_latency_seconds",
+            "From the fault's first trace to its detection.",
+            s["latency"],
+            LATENCY_BUCKETS,
+        )
+        yield _histogram(
+            "relaunch_detection_to_action_seconds",
+            "From an incident's first detection to its first action.",
+            s["to_action"],
+            TO_ACTION_BUCKETS,
+        )
+        actions = CounterMetricFamily(
+            "relaunch_actions",
+            "Scheduler actions recorded, by step and result (done: it changed something).",
+            labels=["step", "result"],
+        )
+        for r in s["actions"]:
+            actions.add_metric([r["step"], r["result"]], float(r["n"]))
+        yield actions
+        yield GaugeMetricFamily(
+            "relaunch_approvals_pending",
+            "Recoveries waiting for an operator's approval.",
+            value=float(s["pending"]),
+        )
+        refusals = CounterMetricFamily(
+            "relaunch_guard_refusals", "Plans a guard refused, by guard.", labels=["guard"]
+        )
+        for r in s["refusals"]:
+            refusals.add_metric([r["guard"]], float(r["n"]))
+        yield refusals
+
+
+async def snapshot(db: ConsoleDb) -> dict[str, Any]:
+    row = await db._one(SNAPSHOT_SQL)  # noqa: SLF001 - the console's own query helper
+    assert row is not None
+    return row
+
+
+_PROCESS = CollectorRegistry(auto_describe=False)
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    _PROCESS.register(_collector)
+
+
+async def render(db: ConsoleDb) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AuditCollector(await snapshot(db)))
+    return generate_latest(registry) + generate_latest(_PROCESS)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text format; a viewer token (``Authorization: Bearer``) is required."""
+    require(request, Role.VIEWER)
+    body = await render(console(request).db)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def routes() -> list[Route]:
+    return [Route("/metrics", metrics, methods=["GET"])]
