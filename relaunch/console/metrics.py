@@ -26,12 +26,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from relaunch.console.auth import Role
 from relaunch.console.queries import ConsoleDb
-from relaunch.console.web import console, require
+from relaunch.console.web import authenticate, console, require
 from relaunch.models.recovery import TERMINAL_STAGES
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -181,6 +181,10 @@ async def render(db: ConsoleDb) -> bytes:
 
 async def metrics(request: Request) -> Response:
     """Prometheus text format; a viewer token (``Authorization: Bearer``) is required."""
+    if authenticate(request) is None:  # a scraper, not a person: no redirect to sign-in
+        return PlainTextResponse(
+            "a viewer token is required", 401, headers={"www-authenticate": "Bearer"}
+        )
     require(request, Role.VIEWER)
     body = await render(console(request).db)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

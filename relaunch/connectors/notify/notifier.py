@@ -63,10 +63,12 @@ class Notifier:
         self._client = client
         self._last: int | None = None
         self.sent: list[tuple[str, NotifyEvent, str]] = []  # what this process sent
+        # httpx logs each request's URL at INFO (and httpcore its traffic at DEBUG): a webhook
+        # URL is a secret.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
     async def run(self, stop: asyncio.Event) -> None:
-        # httpx logs each request's URL at INFO; a webhook URL is a secret.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         client = self._client or httpx.AsyncClient(follow_redirects=False)
         try:
             while not stop.is_set():
