@@ -173,9 +173,14 @@ for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
     _PROCESS.register(_collector)
 
 
+SNAPSHOT_TTL_S = 5.0  # several scrapers (HA Prometheus pairs) share one query
+
+
 async def render(db: ConsoleDb) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AuditCollector(await snapshot(db)))
+    registry.register(
+        AuditCollector(await db.cached(("metrics",), SNAPSHOT_TTL_S, lambda: snapshot(db)))
+    )
     return generate_latest(registry) + generate_latest(_PROCESS)
 
 
