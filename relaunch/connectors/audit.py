@@ -78,6 +78,14 @@ MIGRATIONS: list[tuple[int, str]] = [
             ((data->>'category'), incident_id) where kind = 'verdict';
         """,
     ),
+    (
+        3,
+        # Pushed-in signals are recorded under one placeholder incident per cluster (every audit
+        # row belongs to an incident); lists of recoveries read this view and leave it out.
+        """
+        create view recoveries as select * from incidents where id not like 'intake-%';
+        """,
+    ),
 ]
 
 _LOCK_ID = 0x52454C41  # "RELA": serialises migrations across processes
@@ -285,9 +293,9 @@ class AuditStore:
                        filter (where e.kind = 'plan'))[1] as mode,
                    coalesce((select v.nodes from audit_events v where v.incident_id = i.id
                        and v.kind = 'verdict' order by v.id desc limit 1), '{{}}') as nodes
-            from incidents i left join audit_events e on e.incident_id = i.id
+            from recoveries i left join audit_events e on e.incident_id = i.id
             where {" and ".join(where)}
-            group by i.id
+            group by i.id, i.cluster, i.job_id, i.attempt, i.created_at
             order by i.created_at desc
             limit %s
         """

@@ -126,7 +126,7 @@ _SUMMARY_SQL = """
 """
 
 _OPEN = """
-    select * from incidents i where not exists (
+    select * from recoveries i where not exists (
         select 1 from audit_events t where t.incident_id = i.id and t.kind = 'stage'
         and t.stage = any(%(terminal)s))
 """
@@ -197,13 +197,13 @@ class ConsoleDb:
     async def clusters(self) -> list[ClusterSummary]:
         rows = await self._rows(
             "select cluster as name, count(*) as incidents, max(created_at) as last_at"
-            " from incidents group by cluster order by cluster"
+            " from recoveries group by cluster order by cluster"
         )
         return [ClusterSummary.model_validate(r) for r in rows]
 
     async def recent_incidents(self, limit: int = 20) -> list[IncidentSummary]:
         sql = (
-            "with picked as (select * from incidents order by created_at desc limit %(limit)s)"
+            "with picked as (select * from recoveries order by created_at desc limit %(limit)s)"
             + _SUMMARY_SQL
             + " order by i.created_at desc"
         )
@@ -278,7 +278,7 @@ class ConsoleDb:
 
     async def incidents_over_time(self, since: datetime, bucket: str) -> list[tuple[datetime, int]]:
         rows = await self._rows(
-            "select date_trunc(%s, created_at) as b, count(*) as n from incidents"
+            "select date_trunc(%s, created_at) as b, count(*) as n from recoveries"
             " where created_at >= %s group by 1 order by 1",
             (bucket, since),
         )
@@ -288,7 +288,7 @@ class ConsoleDb:
 
     async def incident(self, incident_id: str) -> IncidentSummary | None:
         rows = await self._rows(
-            "with picked as (select * from incidents where id = %(id)s)" + _SUMMARY_SQL,
+            "with picked as (select * from recoveries where id = %(id)s)" + _SUMMARY_SQL,
             {"id": incident_id},
         )
         return IncidentSummary.model_validate(rows[0]) if rows else None
@@ -309,7 +309,7 @@ class ConsoleDb:
             select distinct on (n.node) n.node, e.data->>'step' as step, e.at, e.actor,
                    e.incident_id, e.summary
             from audit_events e
-            join incidents i on i.id = e.incident_id
+            join recoveries i on i.id = e.incident_id
             cross join lateral unnest(e.nodes) as n(node)
             where e.kind = 'action' and e.data->>'step' in ('drain', 'fence', 'resume')
               and coalesce((e.data->>'changed')::boolean, true) and i.cluster = %s
@@ -327,7 +327,7 @@ class ConsoleDb:
     async def jobs(self, limit: int = 200) -> list[JobSummary]:
         rows = await self._rows(
             "select cluster, job_id, count(*) as incidents, max(attempt) + 1 as attempts,"
-            " min(created_at) as first_at, max(created_at) as last_at from incidents"
+            " min(created_at) as first_at, max(created_at) as last_at from recoveries"
             " group by cluster, job_id order by max(created_at) desc limit %s",
             (limit,),
         )
@@ -339,11 +339,11 @@ class ConsoleDb:
             """
             select coalesce(
                 (select substring(e.data->'job'->>'comment' from 'relaunch_parent=([0-9_]+)')
-                 from incidents i join audit_events e on e.incident_id = i.id
+                 from recoveries i join audit_events e on e.incident_id = i.id
                  where i.cluster = %(c)s and i.job_id = %(j)s and e.kind = 'evidence'
                    and e.data->'job'->>'comment' like '%%relaunch_parent=%%'
                  order by e.id desc limit 1),
-                (select i.job_id from audit_events e join incidents i on i.id = e.incident_id
+                (select i.job_id from audit_events e join recoveries i on i.id = e.incident_id
                  where e.kind = 'action' and i.cluster = %(c)s
                    and e.data->>'new_job_id' = %(j)s limit 1)) as parent
             """,
@@ -351,7 +351,7 @@ class ConsoleDb:
         )
         children = await self._rows(
             "select distinct e.data->>'new_job_id' as child"
-            " from incidents i join audit_events e on e.incident_id = i.id"
+            " from recoveries i join audit_events e on e.incident_id = i.id"
             " where i.cluster = %s and i.job_id = %s and e.kind = 'action'"
             " and e.data->>'new_job_id' is not null and e.data->>'new_job_id' <> i.job_id",
             (cluster, job_id),
@@ -385,7 +385,7 @@ class ConsoleDb:
 
     async def attempts(self, cluster: str, job_ids: Sequence[str]) -> list[AttemptRow]:
         sql = (
-            "with picked as (select * from incidents"
+            "with picked as (select * from recoveries"
             " where cluster = %(c)s and job_id = any(%(jobs)s))"
             + _SUMMARY_SQL.replace(
                 "from picked i",
