@@ -28,6 +28,9 @@ class SlurmLayout(BaseModel):
     restd_port: int
     cred_expire: int
     slurmd_timeout: int = 300
+    node_cpus: int = 2
+    preemption: bool = False
+    max_job_count: int | None = None
 
     @property
     def conf(self) -> Path:
@@ -76,10 +79,25 @@ def write_conf(layout: SlurmLayout) -> None:
         layout.jwt_key.write_bytes(secrets.token_bytes(32))
         layout.jwt_key.chmod(0o600)
     node_lines = "\n".join(
-        f"NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={p} CPUs=2 RealMemory=2000 "
-        "State=UNKNOWN"
+        f"NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={p} CPUs={layout.node_cpus} "
+        "RealMemory=2000 State=UNKNOWN"
         for n, p in zip(layout.nodes, layout.slurmd_ports, strict=True)
     )
+    node_list = ",".join(layout.nodes)
+    extra = ""
+    if layout.node_cpus != 2:
+        # slurmd -N reports the machine's real CPU count; accept the configured one instead.
+        extra += "SlurmdParameters=config_overrides\n"
+    if layout.max_job_count is not None:
+        extra += f"MaxJobCount={layout.max_job_count}\nMaxArraySize={layout.max_job_count}\n"
+    partitions = f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP"
+    if layout.preemption:
+        # Real partition-priority preemption: a job in `urgent` requeues `debug` jobs it needs.
+        extra += "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
+        partitions += (
+            " PriorityTier=1\n"
+            f"PartitionName=urgent Nodes={node_list} MaxTime=INFINITE State=UP PriorityTier=10"
+        )
     layout.conf.write_text(
         f"""# Written by `relaunch dev up`: a local {len(layout.nodes)}-node development cluster.
 ClusterName={layout.cluster}
@@ -113,8 +131,8 @@ MpiDefault=none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-{node_lines}
-PartitionName=debug Nodes={",".join(layout.nodes)} Default=YES MaxTime=INFINITE State=UP
+{extra}{node_lines}
+{partitions}
 """
     )
 

@@ -49,6 +49,9 @@ class StackConfig(BaseModel):
     nodes: int = 4
     cred_expire: int = 10
     slurmd_timeout: int = 300
+    node_cpus: int = Field(default=2, description="CPUs per node (benchmarks raise it)")
+    preemption: bool = Field(default=False, description="an `urgent` partition that preempts")
+    max_job_count: int | None = Field(default=None, description="Slurm's MaxJobCount")
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
     temporal_http_port: int = 7243
@@ -121,6 +124,9 @@ class Stack:
             restd_port=config.restd_port,
             cred_expire=config.cred_expire,
             slurmd_timeout=config.slurmd_timeout,
+            node_cpus=config.node_cpus,
+            preemption=config.preemption,
+            max_job_count=config.max_job_count,
         )
 
     # ------------------------------------------------------------------ addresses
