@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench-adapter bench-recovery bench-attribution up down status clean
+.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-adapter bench-recovery bench-attribution up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -25,6 +25,15 @@ lint: deps
 
 typecheck: deps
 	$(VENV)/bin/mypy
+
+# The fault-injection benchmark (bench/faults): every fault class against Slurm on its own,
+# a burst of interruptions, the watcher's cost; writes bench/results/REPORT.md and PNGs.
+bench: deps
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[bench]'
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+bench-quick: BENCH_ARGS = --quick
+bench-quick: bench
 
 bench-adapter: deps
 	$(PY) bench/adapter.py

@@ -1,0 +1,1 @@
+"""The fault-injection benchmark behind `make bench` (entry point: bench/run.py)."""

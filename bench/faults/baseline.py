@@ -1,0 +1,136 @@
+"""The baseline: Slurm on its own, at its defaults (SlurmdTimeout=300 s, cred_expire=120 s),
+no Relaunch worker or watcher. The same DDP job (`#SBATCH --requeue`) and the same real
+injections; nothing drains the culprit. Measures fault → RUNNING again where Slurm recovers at
+all, and records what Slurm did where it never does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.faults.common import BenchError, BenchStack, JobWatch, LogTail, log, now, submit_ddp
+from bench.faults.scenarios import (
+    APP_FAIL_STEP,
+    EPOCH,
+    FAULT_AFTER_STEP,
+    INJECTORS,
+    MIX,
+    TRAIN_ARGS,
+    rank_processes,
+)
+from relaunch.models.errors import RelaunchError
+
+NEVER_REASON = {
+    "gpu_hardware": "the rank died but slurmd lives: srun ends the step, the job ends FAILED and "
+    "is not requeued (Slurm requeues only on node failure or preemption); Slurm never reads the "
+    "kernel log, so the bad GPU's node stays in service",
+    "network": "the cut rank raises, the job ends FAILED and is not requeued",
+    "application": "the job ends FAILED; nothing restarts it (correct: a restart would fail again)",
+    "hang": "the job stays RUNNING with no progress; Slurm ends it only at its time limit "
+    "(INFINITE here; days on a real cluster)",
+}
+
+
+async def run_baseline(
+    bs: BenchStack, cls: str, n: int, work: Path, observe: float
+) -> dict[str, Any]:
+    sched = bs.sched()
+    args = list(TRAIN_ARGS)
+    if cls == "application":
+        args += ["--fail-at-step", str(APP_FAIL_STEP), "--fail-rank", "1"]
+    job_id = await asyncio.to_thread(
+        submit_ddp,
+        bs,
+        workdir=work,
+        ckpt_dir=work / f"bckpt-{cls}-{n}",
+        args=args,
+        port=31000 + n * 10 + list(MIX).index(cls),
+    )
+    tail = LogTail(work / f"train-{job_id}.out")
+    tail.start()
+    watch = JobWatch(sched, job_id)
+    row: dict[str, Any] = {"cls": cls, "run": n, "job": job_id, "baseline": True}
+    urgent: str | None = None
+    try:
+        await tail.wait(
+            lambda t: t.last_checkpoint() >= 10 and t.max_step() >= FAULT_AFTER_STEP - 1,
+            f"baseline job {job_id} checkpoint",
+            180,
+        )
+        job = await sched.get_job(job_id)
+        culprit = sorted(job.nodes)[1]
+        before = job.restart_count
+        watch.start()
+        fault_at = now()
+        info = await INJECTORS[cls](bs, job_id, culprit, tail)
+        if cls == "application":
+            found = tail.first("injected application error", EPOCH)
+            fault_at = found[0] if found else fault_at
+        urgent = info.pop("urgent_job", None)
+        row.update(culprit=culprit, fault_at=fault_at.isoformat())
+        step_at_fault = tail.max_step(fault_at)
+        # Node failure and preemption: Slurm requeues by itself; wait for RUNNING again.
+        limit = 900.0 if cls == "node_failure" else (200.0 if cls == "preemption" else observe)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if watch.running_again(fault_at, before) and tail.resume(fault_at)[1] is not None:
+                break
+            await asyncio.sleep(0.5)
+        running = watch.running_again(fault_at, before)
+        ckpt, first_step = tail.resume(fault_at)
+        final = await sched.get_job(job_id)
+        row["final_state"] = final.state.value
+        row["states"] = [s for _, s, _, _ in watch.states]
+        drained = {node.name for node in await sched.list_nodes() if node.drain_flag}
+        row["culprit_drained"] = culprit in drained
+        if running:
+            row["running_s"] = (running - fault_at).total_seconds()
+            if first_step:
+                row["first_step_s"] = (first_step - fault_at).total_seconds()
+            if ckpt is not None:
+                row["work_lost"] = step_at_fault - ckpt
+            left = watch.left_running(fault_at)
+            if left:
+                row["noticed_s"] = (left - fault_at).total_seconds()
+        else:
+            row["never"] = NEVER_REASON.get(cls, f"not running again after {limit:.0f}s")
+            row["observed_s"] = limit
+            progress_after = tail.max_step() > step_at_fault
+            row["progress_after"] = progress_after
+        row["progress"] = [((t - fault_at).total_seconds(), s) for t, s in tail.progress()]
+    except (BenchError, RelaunchError) as exc:
+        row["error"] = str(exc)[:400]
+        log(f"baseline {cls} run {n}: {exc}")
+    finally:
+        await watch.stop()
+        await tail.stop()
+        if "culprit" in row:
+            for proc in rank_processes(bs, row["culprit"], job_id):
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signal.SIGCONT)
+        for j in (job_id, urgent):
+            if j:
+                with contextlib.suppress(RelaunchError):
+                    await sched.cancel_job(j)
+        await bs.restore_nodes(timeout=400)
+        await bs.wait_idle()
+    log(
+        f"baseline {cls} run {n}: job {job_id} final {row.get('final_state')} running "
+        f"{row.get('running_s', 'never')} states {row.get('states')}"
+    )
+    return row
+
+
+async def run_baselines(
+    bs: BenchStack, plan: list[str], work: Path, observe: float
+) -> list[dict[str, Any]]:
+    rows = []
+    for n, cls in enumerate(plan, 1):
+        rows.append(await run_baseline(bs, cls, n, work, observe))
+    return rows

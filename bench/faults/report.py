@@ -1,0 +1,428 @@
+"""bench/results/REPORT.md and its PNG plots from the rows the benchmark collected."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bench.faults.common import pct
+from bench.faults.scenarios import EXPECTED, EXPLICIT, MIX
+
+Row = dict[str, Any]
+NAN = float("nan")
+
+
+def f(v: Any, nd: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def vals(rows: list[Row], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+
+
+def machine() -> str:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, check=False)
+    cpu = "?"
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, {platform.platform()}, Python "
+        f"{platform.python_version()}, {slurm.stdout.strip() or 'slurm ?'}"
+    )
+
+
+def plots(out: Path, rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    classes = [c for c in MIX if any(r["cls"] == c for r in rows)]
+    # 1. Detection latency CDF per class.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in classes:
+        v = sorted(vals([r for r in rows if r["cls"] == c], "detect_s"))
+        if v:
+            ax.step(v, [(i + 1) / len(v) for i in range(len(v))], where="post", label=c)
+    if scale and scale.get("det_samples"):
+        v = sorted(scale["det_samples"])
+        ax.step(v, [(i + 1) / len(v) for i in range(len(v))], where="post", label="burst", ls="--")
+    ax.set_xlabel("fault → detection (s)")
+    ax.set_ylabel("fraction of runs")
+    ax.set_title("Detection latency by fault class")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "detection_cdf.png", dpi=110)
+    plt.close(fig)
+    made.append("detection_cdf.png")
+    # 2. Detection → first action CDF.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in classes:
+        v = sorted(vals([r for r in rows if r["cls"] == c], "action_s"))
+        if v:
+            ax.step(v, [(i + 1) / len(v) for i in range(len(v))], where="post", label=c)
+    if scale and scale.get("act_samples"):
+        v = sorted(scale["act_samples"])
+        ax.step(v, [(i + 1) / len(v) for i in range(len(v))], where="post", label="burst", ls="--")
+    ax.set_xlabel("detection → first action (s)")
+    ax.set_ylabel("fraction")
+    ax.set_title("Detection → action (autonomous mode)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "action_cdf.png", dpi=110)
+    plt.close(fig)
+    made.append("action_cdf.png")
+    # 3. Time to resume (fault → first training step after the resume) vs Slurm alone.
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = range(len(classes))
+    rl = [pct(vals([r for r in rows if r["cls"] == c], "first_step_s"), 50) for c in classes]
+    bl: list[float] = []
+    never: list[bool] = []
+    cap = max([v for v in rl if v == v] + vals(base, "first_step_s") + [60.0]) * 1.1
+    for c in classes:
+        b = [r for r in base if r["cls"] == c]
+        v = pct(vals(b, "first_step_s"), 50)
+        never.append(bool(b) and v != v)
+        bl.append(v if v == v else (cap if b and b[0].get("never") else 0.0))
+    ax.bar([x - 0.2 for x in xs], [v if v == v else 0 for v in rl], 0.4, label="Relaunch")
+    bars = ax.bar([x + 0.2 for x in xs], bl, 0.4, label="Slurm alone", color="tab:gray")
+    for bar, nv in zip(bars, never, strict=True):
+        if nv:
+            bar.set_hatch("//")
+            bar.set_color("lightgray")
+            ax.text(bar.get_x() + 0.2, bar.get_height(), "never", ha="center", va="bottom")
+    for x, v in zip(xs, rl, strict=True):
+        ax.text(x - 0.2, (v if v == v else 0), f"{v:.0f}" if v == v else "–", ha="center",
+                va="bottom", fontsize=8)  # fmt: skip
+    ax.set_xticks(list(xs), classes, rotation=15, fontsize=8)
+    ax.set_ylabel("fault → first step after resume (s, median)")
+    ax.set_title("Time to resume: Relaunch vs Slurm on its own")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "time_to_resume.png", dpi=110)
+    plt.close(fig)
+    made.append("time_to_resume.png")
+    # 4. Goodput over time: one node-crash (or GPU) run, Relaunch vs Slurm alone.
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for cls in ("node_failure", "gpu_hardware"):
+        r = next((r for r in rows if r["cls"] == cls and r.get("progress")), None)
+        b = next((r for r in base if r["cls"] == cls and r.get("progress")), None)
+        if r is None:
+            continue
+        for data, label, style in ((r, "Relaunch", "-"), (b, "Slurm alone", "--")):
+            if not data:
+                continue
+            pts = data["progress"]
+            ax.plot([t for t, _ in pts], [s for _, s in pts], style,
+                    label=f"{label} ({cls})", drawstyle="steps-post")  # fmt: skip
+        break
+    ax.axvline(0, color="red", lw=0.8)
+    ax.text(0, ax.get_ylim()[1] * 0.95, " fault", color="red", va="top")
+    ax.set_xlabel("seconds since the fault")
+    ax.set_ylabel("training step printed")
+    ax.set_title("Goodput over time (steps re-done after a resume are work lost)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "goodput.png", dpi=110)
+    plt.close(fig)
+    made.append("goodput.png")
+    return made
+
+
+def summarize(rows: list[Row], base: list[Row]) -> dict[str, Any]:
+    explicit = [r for r in rows if r["cls"] in EXPLICIT]
+    det = vals(explicit, "detect_s")
+    hang = vals([r for r in rows if r["cls"] == "hang"], "detect_s")
+    act = vals(rows, "action_s")
+    false = sum(len(r.get("false_drains") or []) for r in rows)
+    ratios = {}
+    for c in MIX:
+        rl = pct(vals([r for r in rows if r["cls"] == c], "running_s"), 50)
+        bl = [r for r in base if r["cls"] == c]
+        bv = pct(vals(bl, "running_s"), 50)
+        if bl and rl == rl:
+            ratios[c] = (rl, bv if bv == bv else None)
+    return {
+        "det_p50": pct(det, 50),
+        "det_p95": pct(det, 95),
+        "hang_max": max(hang, default=NAN),
+        "act_p95": pct(act, 95),
+        "false": false,
+        "ratios": ratios,
+    }
+
+
+def write(
+    out: Path,
+    rows: list[Row],
+    base: list[Row],
+    scale: Row | None,
+    cost: Row | None,
+    meta: dict[str, Any],
+) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        images = plots(out, rows, base, scale)
+    except ImportError:
+        images = []
+    s = summarize(rows, base)
+    q = meta["quick"]
+    L: list[str] = [
+        "# Fault-injection benchmark (`make bench`)" + (" — QUICK RUN" if q else ""),
+        "",
+        f"- Date: {meta['date']} UTC; the whole benchmark took {meta['wall_min']:.1f} min, in one "
+        f"run (`{meta['command']}`)."
+        + (
+            " **Quick run: one run per class, a "
+            f"{meta['burst']}-job burst, {meta['held']} held jobs for the watcher's cost; the full "
+            "run (`make bench`) is weighted by the failure mix.**"
+            if q
+            else ""
+        ),  # fmt: skip
+        f"- Machine: {machine()}. Other test suites were running on the same machine.",
+        f"- Code: {meta['code']}.",
+        "",
+        "## Method",
+        "",
+        "Two private local stacks on free ports (Temporal, PostgreSQL, munge, slurmctld, 4 "
+        "`slurmd -N` nodes of 2 CPUs), started side by side and torn down afterwards:",
+        "",
+        "- **Relaunch**: its own worker and watcher (`relaunch worker`, `relaunch watch`, poll "
+        "every 1 s), policy **autonomous**, `hang_threshold_s=20` (the watcher's stall rule is "
+        "max(10 × median step interval, 20 s); the default floor is 120 s), "
+        "`verify_timeout_s=120`, "
+        "`restart_budget=100` (each run uses a fresh job anyway); the blast-radius guard at its "
+        "defaults (10 % of the partition, cap 4) — each run's drained node is resumed before the "
+        "next. Restart by requeue with `cred_expire=10` (Slurm's requeue delay; see the ratio "
+        "note below).",
+        "- **Slurm on its own**: no worker or watcher; Slurm's defaults `SlurmdTimeout=300`, "
+        "`cred_expire=120`; the culprit is never drained.",
+        "- Both have a second partition `urgent` over the same nodes with a higher "
+        "`PriorityTier`, `PreemptType=preempt/partition_prio`, `PreemptMode=REQUEUE`.",
+        "- The job: the real PyTorch DDP example (`examples/train_ddp.py`, gloo, 2 nodes × 1 "
+        "rank, `#SBATCH --requeue`, `--step-sleep 0.2 --ckpt-every 10 --pg-timeout 60`). Each run "
+        "submits a fresh job, waits for its step-10 checkpoint and step 14, then injects the "
+        "fault on rank 1's node (the culprit). A reader stamps each new line of the job's log "
+        "(every 0.1 s); a poller samples the job's Slurm state every 0.25 s.",
+        "",
+        "Injections (all real):",
+        "",
+        "| class | Mix A share | injection |",
+        "|---|---|---|",
+        f"| gpu_hardware | {MIX['gpu_hardware']} % | an Xid 79 line (`faults.xid79_line`) appended "
+        "to the node's kernel-log source, and the job's rank process on that node SIGKILLed; "
+        "slurmd left alive |",
+        f"| network | {MIX['network']} % | every established TCP connection of rank 1's process "
+        "destroyed with `ss -K` (the kernel's sock_destroy; verified to abort a connection "
+        "here) |",
+        f"| node_failure | {MIX['node_failure']} % | `faults.kill_node`: the node's slurmd, "
+        "slurmstepd and rank SIGKILLed; no log line written |",
+        f"| hang | {MIX['hang']} % | rank 1's python process stopped with SIGSTOP |",
+        f"| application | {MIX['application']} % | `--fail-at-step 16 --fail-rank 1` (a Python "
+        "exception); the fault time is when the traceback reached the log |",
+        f"| preemption | {MIX['preemption']} % | `sbatch --partition=urgent --exclusive "
+        "--nodelist=<culprit> --wrap 'sleep 20'`: Slurm preempts (requeues) the DDP job |",
+        "",
+        "Infrastructure software and storage (15 % of Mix A) are not injected: no real fault of "
+        "theirs can be made here. Fail-slow (4 %) is not an interruption.",
+        "",
+        "Measures (per run): fault → first detection (`detected_at` of the first detection row); "
+        "detection → decision (first verdict/plan row); detection → first action (first action "
+        "row: drain, requeue or hold); fault → job RUNNING again (restart count up); fault → "
+        "first training step printed after the resume; work lost = last step printed before "
+        "the fault − the checkpoint step resumed from; drained nodes (sinfo, right after the "
+        "recovery ended); false drains = any drained node but the culprit (any at all for "
+        "application and preemption).",
+        "",
+        "## Results per class (Relaunch, autonomous)",
+        "",
+        "| class | runs | verdict (category/action) | stage | detection p50 / p95 (s) | "
+        "det → decision p50 (s) | det → action p50 / p95 (s) | fault → running p50 (s) | "
+        "fault → first step p50 (s) | work lost (steps) | right node drained | false drains |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in MIX:
+        rs = [r for r in rows if r["cls"] == c]
+        if not rs:
+            continue
+        verdicts = sorted({f"{r.get('category')}/{r.get('action')}" for r in rs})
+        stages = sorted({str(r.get("stage")) for r in rs})
+        right = sum(1 for r in rs if r.get("right_drain"))
+        exp = EXPECTED[c]
+        want = f"{exp[0]}/{exp[1]}"
+        L.append(
+            f"| {c} | {len(rs)} | {', '.join(verdicts)}"
+            + ("" if verdicts == [want] else f" (expected {want})")
+            + f" | {', '.join(stages)} | {f(pct(vals(rs, 'detect_s'), 50))} / "
+            f"{f(pct(vals(rs, 'detect_s'), 95))} | {f(pct(vals(rs, 'decide_s'), 50))} | "
+            f"{f(pct(vals(rs, 'action_s'), 50))} / {f(pct(vals(rs, 'action_s'), 95))} | "
+            f"{f(pct(vals(rs, 'running_s'), 50), 1)} | {f(pct(vals(rs, 'first_step_s'), 50), 1)}"
+            f" | {f(pct(vals(rs, 'work_lost'), 50), 0)} | "
+            f"{right}/{len(rs)}{' (culprit)' if exp[2] else ' (none expected)'} | "
+            f"{sum(len(r.get('false_drains') or []) for r in rs)} |"
+        )
+    L += ["", "<details><summary>Every run</summary>", "",
+          "| class | run | job | culprit | detection (first kind) | det s | action s | "
+          "running s | first step s | work lost | drained | stage | note |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        L.append(
+            f"| {r['cls']} | {r['run']} | {r['job']} | {r.get('culprit', '–')} | "
+            f"{r.get('detection_kind', '–')} | {f(r.get('detect_s'))} | {f(r.get('action_s'))} | "
+            f"{f(r.get('running_s'), 1)} | {f(r.get('first_step_s'), 1)} | "
+            f"{r.get('work_lost', '–')} | {','.join(r.get('drained') or []) or '–'} | "
+            f"{r.get('stage', '–')} | {r.get('error', '')[:120]} |"
+        )
+    L += ["", "</details>", ""]
+    # Baseline.
+    L += [
+        "## Against Slurm on its own",
+        "",
+        "| class | Slurm alone: what happened | Slurm: fault → running (s) | Relaunch: fault → "
+        "running p50 (s) | speed-up | Slurm: first step after resume (s) | Relaunch (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in MIX:
+        b = [r for r in base if r["cls"] == c]
+        rs = [r for r in rows if r["cls"] == c]
+        if not b:
+            continue
+        rl_run = pct(vals(rs, "running_s"), 50)
+        bl_run = pct(vals(b, "running_s"), 50)
+        if b[0].get("never"):
+            what = f"**never** — {b[0]['never']} (observed {b[0].get('observed_s', 0):.0f} s; "
+            what += f"final state {b[0].get('final_state')})"
+            speed = "∞ (Slurm never resumes)" if rl_run == rl_run else "–"
+        else:
+            what = f"requeued by Slurm itself (states {' → '.join(b[0].get('states', []))})"
+            speed = f"{bl_run / rl_run:.1f}×" if rl_run == rl_run and bl_run == bl_run else "–"
+        if c == "application":
+            speed = "n/a (neither restarts it; Relaunch holds it for a human)"
+        L.append(
+            f"| {c} | {what} | {f(bl_run, 1)} | {f(rl_run, 1)} | {speed} | "
+            f"{f(pct(vals(b, 'first_step_s'), 50), 1)} | "
+            f"{f(pct(vals(rs, 'first_step_s'), 50), 1)} |"
+        )
+    L += [
+        "",
+        "Slurm on its own never notices hangs or application errors; it does not notice a GPU "
+        "fault or a cut connection either when slurmd stays up — the job just fails. It recovers "
+        "a job by itself only after a node failure (once the node misses `SlurmdTimeout`) and "
+        "after preemption.",
+        "",
+    ]
+    # Scale.
+    if scale:
+        w, wa = scale["worker"], scale["watcher"]
+        L += [
+            "## Scale: a burst of simultaneous interruptions",
+            "",
+            f"A private 8-node stack whose nodes claim {meta.get('node_cpus')} CPUs each "
+            "(`SlurmdParameters=config_overrides`); "
+            f"{scale['jobs']} one-CPU jobs (`sbatch --requeue --comment relaunch=on --wrap "
+            "'sleep 3600'`) fill n1–n4; then n1–n4 fail at once (`faults.kill_node` on each: "
+            f"slurmd and {scale['killed_processes']} processes SIGKILLed, an Xid 79 line in each "
+            "node's kernel log). Policy: autonomous, **`drain_cap=100`, `drain_share=1.0` "
+            "(raised for the bench: four of eight nodes fail)**, `restart_budget=100`.",
+            "",
+            "| measure | value |",
+            "|---|---|",
+            f"| interruptions detected (incidents) | {scale['incidents']} of {scale['jobs']} |",
+            f"| recoveries that requeued the job | {scale['restarted']} of {scale['jobs']} "
+            f"(within {scale['handled_s']:.0f} s of the fault) |",
+            f"| jobs RUNNING again on n5–n8 at the end | {scale['running_again']} |",
+            f"| final stages | {scale['stages']} |",
+            f"| fault → detection p50 / p95 | {f(scale['detect_p50'])} / "
+            f"{f(scale['detect_p95'])} s |",
+            f"| detection → first action p50 / p95 | {f(scale['action_p50'])} / "
+            f"{f(scale['action_p95'])} s |",
+            f"| detection → requeue p50 / p95 / max | {f(scale['restart_p50'])} / "
+            f"{f(scale['restart_p95'])} / {f(scale['restart_max'])} s |",
+            f"| drained nodes | {', '.join(scale['drained']) or '–'} (false drains: "
+            f"{len(scale['false_drains'])}) |",
+            f"| worker CPU during the burst | {w['cpu_s']:.1f} CPU-s (incl. its children), "
+            f"mean {w['cpu_pct_mean']:.0f} %, max {w['cpu_pct_max']:.0f} % of one core |",
+            f"| worker RSS | {w['rss_mib_start']:.0f} MiB before → max "
+            f"{w['rss_mib_max']:.0f} MiB |",
+            f"| watcher CPU during the burst | {wa['cpu_s']:.1f} CPU-s, mean "
+            f"{wa['cpu_pct_mean']:.0f} %, RSS max {wa['rss_mib_max']:.0f} MiB |",
+            "",
+        ]
+    if cost:
+        wp = cost["watch_process"]
+        L += [
+            "## The watcher's cost per poll",
+            "",
+            f"{cost['held_jobs']} held, opted-in jobs (`sbatch --hold --comment relaunch=on`, "
+            f"submitted separately in {cost['submit_s']:.0f} s) on top of the burst's jobs: "
+            f"`squeue` returned {cost['records']} job records. `Watcher.poll_once()` timed "
+            f"in-process ({cost['polls']} polls after a first one); CPU = this process plus its "
+            "`squeue`/`sinfo` children.",
+            "",
+            "| measure | value |",
+            "|---|---|",
+            f"| first poll (creates a watch per job) | {cost['first_poll_ms']:.0f} ms |",
+            f"| poll_once p50 / p95 | {cost['poll_ms_p50']:.0f} / {cost['poll_ms_p95']:.0f} ms |",
+            f"| CPU per poll p50 | {cost['poll_cpu_ms_p50']:.0f} ms |",
+            f"| of which `squeue --json` (list_jobs) p50 | {cost['squeue_ms_p50']:.0f} ms wall, "
+            f"{cost['squeue_cpu_ms_p50']:.0f} ms CPU |",
+            f"| `sinfo --json` (list_nodes) p50 | {cost['sinfo_ms_p50']:.0f} ms |",
+            f"| the running `relaunch watch` process over 20 s | mean {wp['cpu_pct_mean']:.0f} % "
+            f"of a core (incl. squeue), RSS {wp['rss_mib_max']:.0f} MiB |",
+            "",
+        ]
+    # Targets.
+    L += ["## Targets", "", "| target | result | met? |", "|---|---|---|"]
+    det_ok = s["det_p50"] <= 5 and s["det_p95"] <= 15
+    L.append(
+        f"| detection p50 ≤ 5 s, p95 ≤ 15 s (explicit faults) | p50 {f(s['det_p50'])} s, p95 "
+        f"{f(s['det_p95'])} s | {'yes' if det_ok else 'NO'} |"
+    )
+    L.append(
+        f"| hangs detected ≤ 60 s | max {f(s['hang_max'])} s (floor 20 s) | "
+        f"{'yes' if s['hang_max'] <= 60 else 'NO'} |"
+    )
+    L.append(
+        f"| detection → action p95 ≤ 5 s (autonomous) | p95 {f(s['act_p95'])} s over the class "
+        f"runs{'; burst p95 ' + f(scale['action_p95']) + ' s' if scale else ''} | "
+        f"{'yes' if s['act_p95'] <= 5 else 'NO'}"
+        + (" (burst: NO)" if scale and scale["action_p95"] > 5 else "")
+        + " |"
+    )
+    ratio_txt = []
+    ok10 = True
+    for c, (rl, bl) in s["ratios"].items():
+        if bl is None:
+            ratio_txt.append(f"{c}: Slurm never")
+        else:
+            ratio_txt.append(f"{c}: {bl:.0f} s / {rl:.1f} s = {bl / rl:.1f}×")
+            ok10 = ok10 and bl / rl >= 10
+    L.append(
+        f"| fault → running ≥ 10× faster than Slurm alone | {'; '.join(ratio_txt) or '–'} | "
+        f"{'yes' if ok10 and ratio_txt else 'NO'} |"
+    )
+    L.append(
+        f"| zero false drains | {s['false']} in the class runs"
+        + (f", {len(scale['false_drains'])} in the burst" if scale else "")
+        + f" | {'yes' if s['false'] == 0 and not (scale and scale['false_drains']) else 'NO'} |"
+    )
+    L += [""] + meta.get("notes", []) + [""]
+    if images:
+        L += ["## Plots", ""] + [f"![{i}]({i})" for i in images] + [""]
+    text = "\n".join(L) + "\n"
+    (out / "REPORT.md").write_text(text)
+    return text

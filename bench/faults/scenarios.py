@@ -1,0 +1,294 @@
+"""One real fault injection per class, against the DDP example on a private local stack, and
+what Relaunch made of it (from the job's log, Slurm, the workflow and the audit trail).
+
+Every class: the 2-node DDP job (rank r on the job's r-th node) runs until it has checkpointed
+(every 10 steps) and passed step 15; then the fault hits rank 1's node (the culprit)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from temporalio.client import Client
+
+from bench.faults.common import BenchError, BenchStack, JobWatch, LogTail, log, now, submit_ddp
+from relaunch.connectors.audit import AuditStore
+from relaunch.devstack import faults
+from relaunch.models.errors import RelaunchError
+from relaunch.models.recovery import RecoveryStatus, recovery_workflow_id
+from relaunch.workflows.recovery import RecoveryWorkflow
+
+TRAIN_ARGS = ["--step-sleep", "0.2", "--ckpt-every", "10", "--pg-timeout", "60"]
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+FAULT_AFTER_STEP = 15
+APP_FAIL_STEP = 16
+
+# Mix A of failure-signatures.md §4, the classes this benchmark injects (infrastructure software
+# and storage, 15 %, are not injected: no real fault of theirs can be made on this machine).
+MIX = {
+    "gpu_hardware": 40,
+    "network": 15,
+    "node_failure": 9,
+    "hang": 8,
+    "application": 9,
+    "preemption": 10,
+}
+# What Relaunch should do: (category, action, drains the culprit)
+EXPECTED: dict[str, tuple[str, str, bool]] = {
+    "gpu_hardware": ("gpu_hardware", "isolate_and_restart", True),
+    "network": ("network", "isolate_and_restart", True),
+    "node_failure": ("node_failure", "isolate_and_restart", True),
+    "hang": ("hang", "isolate_and_restart", True),
+    "application": ("application", "hold", False),
+    "preemption": ("preemption", "none", False),
+}
+EXPLICIT = ("gpu_hardware", "network", "node_failure", "application", "preemption")
+Injector = Callable[[BenchStack, str, str, LogTail], Awaitable[dict[str, Any]]]
+
+
+def rank_processes(bs: BenchStack, node: str, job_id: str) -> list[psutil.Process]:
+    """The DDP rank (python train_ddp.py) processes of this job on ``node``."""
+    found = []
+    for proc in faults.job_processes(bs.s.slurm, node, job_id):
+        with contextlib.suppress(psutil.Error):
+            if any("train_ddp.py" in part for part in proc.cmdline()):
+                found.append(proc)
+    return found
+
+
+async def inject_gpu(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
+    """Xid 79 in the node's kernel-log source while the rank on it dies (SIGKILL); slurmd lives."""
+    ranks = rank_processes(bs, node, job_id)
+    path = bs.node_log(node)
+    with open(path, "a") as fh:
+        fh.write(faults.xid79_line(node, pid=ranks[0].pid if ranks else 4242))
+    for proc in ranks:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGKILL)
+    return {"killed": len(ranks)}
+
+
+async def inject_node(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
+    """The node's slurmd and the job's processes on it SIGKILLed; no log line is written."""
+    return {"killed": faults.kill_node(bs.s.slurm, node, job_id=job_id)}
+
+
+def cut_connections(proc: psutil.Process) -> int:
+    """Destroy every established TCP socket of ``proc`` with ``ss -K`` (the kernel's
+    sock_destroy: the process gets ECONNABORTED, its peer a reset). Returns how many went."""
+    cut = 0
+    for conn in proc.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_ESTABLISHED or not conn.raddr:
+            continue
+        argv = [
+            "ss", "-K", "src", conn.laddr.ip, "sport", "=", f":{conn.laddr.port}",
+            "dst", conn.raddr.ip, "dport", "=", f":{conn.raddr.port}",
+        ]  # fmt: skip
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        if result.returncode == 0 and f":{conn.laddr.port}" in result.stdout:
+            cut += 1
+    return cut
+
+
+async def inject_network(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
+    """Rank 1's TCP connections (gloo and the c10d store) cut for real with ``ss -K``."""
+    ranks = rank_processes(bs, node, job_id)
+    cut = sum(cut_connections(p) for p in ranks)
+    if not cut:
+        raise BenchError("ss -K cut no connection (kernel without sock_destroy?)")
+    return {"connections_cut": cut}
+
+
+async def inject_hang(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
+    """Rank 1's python process stopped with SIGSTOP (it stays alive, silent, holding its
+    sockets; rank 0 blocks in the next all-reduce)."""
+    ranks = rank_processes(bs, node, job_id)
+    for proc in ranks:
+        proc.send_signal(signal.SIGSTOP)
+    return {"stopped": [p.pid for p in ranks]}
+
+
+async def inject_app(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
+    """Nothing to do here: the job was submitted with --fail-at-step; the fault time is when
+    the rank's exception reached the log."""
+    await tail.wait(
+        lambda t: t.first("injected application error", EPOCH) is not None,
+        "the injected application error",
+        60,
+    )
+    return {}
+
+
+async def inject_preemption(
+    bs: BenchStack, job_id: str, node: str, tail: LogTail
+) -> dict[str, Any]:
+    """A job in the higher-PriorityTier partition `urgent` that needs the culprit node whole:
+    Slurm preempts (requeues) the DDP job for it."""
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--partition=urgent",
+            "--exclusive",
+            f"--nodelist={node}",
+            "--job-name=urgent",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 20",
+        ],  # fmt: skip
+        env={**os.environ, **bs.s.slurm_env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise BenchError(f"urgent job not submitted: {out.stderr.strip()}")
+    return {"urgent_job": out.stdout.strip().split(";")[0]}
+
+
+INJECTORS: dict[str, Injector] = {
+    "gpu_hardware": inject_gpu,
+    "network": inject_network,
+    "node_failure": inject_node,
+    "hang": inject_hang,
+    "application": inject_app,
+    "preemption": inject_preemption,
+}
+
+
+async def workflow_result(client: Client, incident: str, timeout: float) -> RecoveryStatus | None:
+    """The recovery's final status, or None when it did not start or end within ``timeout``."""
+    handle = client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return await asyncio.wait_for(handle.result(), max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
+            break
+        except Exception:  # not started yet
+            await asyncio.sleep(0.5)
+    with contextlib.suppress(Exception):
+        return await handle.query(RecoveryWorkflow.status)
+    return None
+
+
+async def run_one(
+    bs: BenchStack, client: Client, audit: AuditStore, cls: str, n: int, work: Path
+) -> dict[str, Any]:
+    sched = bs.sched()
+    args = list(TRAIN_ARGS)
+    if cls == "application":
+        args += ["--fail-at-step", str(APP_FAIL_STEP), "--fail-rank", "1"]
+    job_id = await asyncio.to_thread(
+        submit_ddp,
+        bs,
+        workdir=work,
+        ckpt_dir=work / f"ckpt-{cls}-{n}",
+        args=args,
+        port=21000 + n * 10 + list(MIX).index(cls),
+    )
+    tail = LogTail(work / f"train-{job_id}.out")
+    tail.start()
+    watch = JobWatch(sched, job_id)
+    row: dict[str, Any] = {"cls": cls, "run": n, "job": job_id}
+    urgent: str | None = None
+    try:
+        await tail.wait(
+            lambda t: t.last_checkpoint() >= 10 and t.max_step() >= FAULT_AFTER_STEP - 1,
+            f"job {job_id} checkpoint and step {FAULT_AFTER_STEP - 1}",
+            180,
+        )
+        job = await sched.get_job(job_id)
+        nodes = sorted(job.nodes)
+        culprit = nodes[1]
+        before = job.restart_count
+        watch.start()
+        fault_at = now()
+        info = await INJECTORS[cls](bs, job_id, culprit, tail)
+        if cls == "application":
+            found = tail.first("injected application error", EPOCH)
+            fault_at = found[0] if found else fault_at
+        urgent = info.pop("urgent_job", None)
+        row.update(culprit=culprit, job_nodes=nodes, fault_at=fault_at.isoformat(), **info)
+        step_at_fault = tail.max_step(fault_at)
+        incident = recovery_workflow_id(bs.cfg.name, job_id, before)
+        limit = 90 if cls in ("application", "preemption") else 240
+        status = await workflow_result(client, incident, limit)
+        row["stage"] = status.stage.value if status else "not started"
+        row["category"] = status.verdict.category.value if status and status.verdict else "-"
+        row["action"] = status.verdict.action.value if status and status.verdict else "-"
+        row["culprits"] = status.verdict.culprit_nodes if status and status.verdict else []
+        drained = {n.name for n in await sched.list_nodes() if n.drain_flag}
+        events = await audit.events(incident)
+        detections = [e for e in events if e.kind == "detection"]
+        if detections:
+            first = min(
+                detections, key=lambda e: datetime.fromisoformat(str(e.data["detected_at"]))
+            )
+            det_at = datetime.fromisoformat(str(first.data["detected_at"]))
+            row["detect_s"] = (det_at - fault_at).total_seconds()
+            row["detection_kind"] = str(first.data.get("kind") or first.summary)[:60]
+            decided = [e for e in events if e.kind in ("verdict", "plan")]
+            actions = [e for e in events if e.kind == "action"]
+            if decided:
+                row["decide_s"] = (min(e.at for e in decided) - det_at).total_seconds()
+            if actions:
+                row["action_s"] = (min(e.at for e in actions) - det_at).total_seconds()
+                row["first_action"] = str(actions[0].data.get("step", actions[0].summary))[:40]
+        row["event_kinds"] = sorted({e.kind for e in events})
+        expected_drain = {culprit} if EXPECTED[cls][2] else set()
+        row["drained"] = sorted(drained)
+        row["right_drain"] = (culprit in drained) if expected_drain else (not drained)
+        row["false_drains"] = sorted(drained - expected_drain)
+        # Running again and the first training step after the resume (when the job restarts).
+        restarts = cls not in ("application",)
+        if restarts and row["stage"] not in ("not started",):
+            with contextlib.suppress(BenchError):
+                await tail.wait(
+                    lambda t: t.resume(fault_at)[1] is not None, "first step after resume", 150
+                )
+        running = watch.running_again(fault_at, before)
+        ckpt, first_step = tail.resume(fault_at)
+        if running:
+            row["running_s"] = (running - fault_at).total_seconds()
+        if first_step:
+            row["first_step_s"] = (first_step - fault_at).total_seconds()
+        if ckpt is not None:
+            row["work_lost"] = step_at_fault - ckpt
+        else:
+            row["work_lost_since_ckpt"] = step_at_fault - tail.last_checkpoint()
+        row["step_at_fault"] = step_at_fault
+        row["progress"] = [((t - fault_at).total_seconds(), s) for t, s in tail.progress()]
+    except (BenchError, RelaunchError) as exc:
+        row["error"] = str(exc)[:400]
+        log(f"{cls} run {n}: {exc}")
+    finally:
+        await watch.stop()
+        await tail.stop()
+        for proc in rank_processes(bs, row.get("culprit", ""), job_id) if "culprit" in row else []:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)
+        for j in (job_id, urgent):
+            if j:
+                with contextlib.suppress(RelaunchError):
+                    await sched.cancel_job(j)
+        await bs.restore_nodes()
+        await bs.wait_idle()
+    log(
+        f"{cls} run {n}: job {job_id} → {row.get('stage')} {row.get('category')}/"
+        f"{row.get('action')} det {row.get('detect_s', float('nan')):.2f}s act "
+        f"{row.get('action_s', float('nan')):.2f}s running "
+        f"{row.get('running_s', float('nan')):.1f}s"
+        f" drained {row.get('drained')} events {row.get('event_kinds')}"
+    )
+    return row
