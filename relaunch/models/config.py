@@ -7,6 +7,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from relaunch.models import names
+from relaunch.models.endpoints import SlurmRestSettings, TemporalTlsSettings
 from relaunch.models.logstore import LogStoreSettings
 from relaunch.models.notify import NotifySettings
 from relaunch.models.recovery import Policy
@@ -92,7 +93,14 @@ class ClusterConfig(BaseModel):
     ssh: SshSettings | None = Field(
         default=None, description="run the Slurm commands on this host over SSH; unset: locally"
     )
+    slurmrestd: SlurmRestSettings | None = Field(
+        default=None,
+        description="read (and hold/release/cancel) over slurmrestd; unset: the CLI does all",
+    )
     temporal_address: str = "127.0.0.1:7233"
+    temporal_tls: TemporalTlsSettings | None = Field(
+        default=None, description="TLS/mTLS to the Temporal frontend; unset: plaintext"
+    )
     temporal_namespace: str = "default"
     temporal_ui: str = "http://127.0.0.1:8233"
     database_url: str

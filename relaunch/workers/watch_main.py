@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 
-from relaunch.connectors.slurm.factory import slurm_cli
+from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.recovery import Detection
 from relaunch.workers import recovery_client
@@ -32,6 +32,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
 
 
 async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) -> None:
+    scheduler = slurm_scheduler(config)  # reads the slurmrestd JWT key, if any, now
     client = await connect(config)
 
     async def on_detection(det: Detection) -> None:
@@ -45,10 +46,13 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
             det.kind,
         )
 
-    watcher = Watcher(watch_config(config), slurm_cli(config), on_detection)
+    watcher = Watcher(watch_config(config), scheduler, on_detection)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("watching cluster %s every %.1fs", config.name, config.watch.poll_interval_s)
-    await watcher.run(stop)
+    try:
+        await watcher.run(stop)
+    finally:
+        await close_scheduler(scheduler)

@@ -173,7 +173,13 @@ def test_configmap_is_a_valid_cluster_config_without_secrets(
     else:
         assert config.ssh is None and config.slurm_conf == "/etc/slurm/slurm.conf"
         assert raw["slurmrestd"]["jwt_key_file"] == "/etc/relaunch/slurm-jwt/jwt_hs256.key"
+        # ClusterConfig reads the section (its keys are the chart's; an unknown one is refused).
+        assert config.slurmrestd is not None and config.slurmrestd.jwt_key_file == (
+            "/etc/relaunch/slurm-jwt/jwt_hs256.key"
+        )
     assert set(raw["temporal_tls"]) >= {"client_cert", "client_key"}
+    assert config.temporal_tls is not None
+    assert config.temporal_tls.client_key == "/etc/relaunch/temporal-tls/tls.key"
 
 
 def _mounts(container: dict[str, Any], pod: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -9,7 +9,10 @@ Two ways to authenticate, as slurmrestd offers them:
 
 from __future__ import annotations
 
+import json
+import logging
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +36,83 @@ _ESLURM_INVALID_JOB_ID = 2017
 _ESLURM_INVALID_NODE_NAME = 2018
 _SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT = 5004
 _SLURMCTLD_COMMUNICATIONS_CONNECTION_ERROR = 1001
+# SLURM_ERROR: what slurmctld's refusal of a JWT (bad signature, expired, unknown user) becomes
+# in 22.05's answer: HTTP 500 with {"error": "Unspecified error", "errno": -1} and nothing else.
+_SLURM_ERROR = -1
+
+log = logging.getLogger("relaunch.slurmrestd")
 
 
 class JwtMinter:
-    """Mints HS256 tokens the way ``scontrol token`` does, from the cluster's jwt_key file."""
+    """Mints HS256 tokens the way ``scontrol token`` does, from the cluster's jwt_key file.
 
-    def __init__(self, key_file: Path, user: str, lifetime_s: int = 1800) -> None:
-        self._key = key_file.read_bytes()
+    The key is read once, here (a missing or unreadable file fails at start, with its path and
+    never its content); ``renew()`` reads it again, so a rotated key is picked up. A token is
+    reused until ``renew_before_s`` before it expires (default: a quarter of its lifetime, at
+    most 60 s), then a new one is minted."""
+
+    def __init__(
+        self,
+        key_file: Path,
+        user: str,
+        lifetime_s: int = 1800,
+        *,
+        renew_before_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._key_file = key_file
+        self._key = _read_key(key_file)
         self.user = names.user_name(user)
         self._lifetime = lifetime_s
+        self._renew_before = (
+            min(60.0, lifetime_s / 4) if renew_before_s is None else float(renew_before_s)
+        )
+        if not 0 <= self._renew_before < lifetime_s:
+            raise ValueError("renew_before_s must be at least 0 and less than lifetime_s")
+        self._clock = clock
         self._token = ""
         self._expires = 0.0
+        self.minted = 0  # how many tokens this minter has made (for logs and tests)
+
+    @property
+    def expires_at(self) -> float:
+        """When the current token expires (epoch seconds; 0 before the first)."""
+        return self._expires
 
     def token(self) -> str:
-        now = time.time()
-        if now > self._expires - min(60, self._lifetime / 4):
-            self._expires = now + self._lifetime
-            self._token = jwt.encode(
-                {"iat": int(now), "exp": int(self._expires), "sun": self.user},
-                self._key,
-                algorithm="HS256",
-            )
+        now = self._clock()
+        if not self._token or now >= self._expires - self._renew_before:
+            self._mint(now)
         return self._token
+
+    def renew(self) -> str:
+        """A fresh token now, from the key file as it is now (slurmrestd refused the last)."""
+        self._key = _read_key(self._key_file)
+        self._mint(self._clock())
+        return self._token
+
+    def _mint(self, now: float) -> None:
+        self._expires = now + self._lifetime
+        self._token = jwt.encode(
+            {"iat": int(now), "exp": int(self._expires), "sun": self.user},
+            self._key,
+            algorithm="HS256",
+        )
+        self.minted += 1
+        log.debug("minted a slurmrestd token for %s, valid for %d s", self.user, self._lifetime)
+
+
+def _read_key(key_file: Path) -> bytes:
+    try:
+        key = key_file.read_bytes()
+    except OSError as exc:
+        raise SchedulerError(
+            f"cannot read the slurmrestd JWT key file {key_file}: {exc.strerror}",
+            hint="mount Slurm's jwt key (AuthAltParameters=jwt_key=...) readable by this user",
+        ) from exc
+    if not key:
+        raise SchedulerError(f"the slurmrestd JWT key file {key_file} is empty")
+    return key
 
 
 class SlurmRest:
@@ -97,15 +155,43 @@ class SlurmRest:
             return {"X-SLURM-USER-NAME": self._user or "", "X-SLURM-USER-TOKEN": self._token}
         return {}
 
-    async def _get(self, path: str) -> dict[str, Any]:
+    async def _send(
+        self, method: str, path: str, body: Mapping[str, object] | None, params: dict[str, str]
+    ) -> httpx.Response:
         try:
-            response = await self._client.get(self._prefix + path, headers=self._headers())
+            return await self._client.request(
+                method, self._prefix + path, headers=self._headers(), json=body, params=params
+            )
         except httpx.TimeoutException as exc:
             raise SchedulerTimeoutError("slurmrestd did not answer in time") from exc
         except httpx.TransportError as exc:
             raise ControllerUnavailableError(
                 f"cannot reach slurmrestd: {exc}", hint="is slurmrestd running at that address?"
             ) from exc
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, object] | None = None,
+        params: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        response = await self._send(method, path, body, params or {})
+        if self._minter is not None and _token_refused(response):
+            # Expired by a clock step or a suspended process, or the key was rotated: one
+            # fresh token (from the key file as it is now), then a clear error.
+            log.info(
+                "slurmrestd refused the JWT token for %s; minting a new one", self._minter.user
+            )
+            self._minter.renew()
+            response = await self._send(method, path, body, params or {})
+            if _token_refused(response):
+                raise SchedulerError(
+                    f"slurmrestd refused a freshly minted JWT token for user {self._minter.user}",
+                    hint="slurmctld rejects tokens signed with this key: is jwt_key_file the key "
+                    "it uses (AuthAltParameters=jwt_key=...), does the user exist, and do this "
+                    "host's and slurmctld's clocks agree?",
+                )
         if response.status_code in (401, 403):
             raise SchedulerError(
                 f"slurmrestd refused the request ({response.status_code})",
@@ -138,6 +224,9 @@ class SlurmRest:
             )
         return data
 
+    async def _get(self, path: str) -> dict[str, Any]:
+        return await self._request("GET", path)
+
     async def ping(self) -> bool:
         data = await self._get("/ping")
         return bool(data.get("pings"))
@@ -167,3 +256,51 @@ class SlurmRest:
             if node.name == name:
                 return node
         raise NodeNotFoundError(f"node {name} not found")
+
+    # ------------------------------------------------------------ raw job updates
+    # Plain requests; the idempotent, verified actions built on them are in ``composite``.
+
+    async def update_job(self, job_id: str, properties: Mapping[str, object]) -> None:
+        """``POST /job/{id}`` with v0.0.38 ``job_properties`` (e.g. ``{"hold": true}``).
+        slurmrestd answers 200 with an empty ``errors`` list when slurmctld accepted it."""
+        job_id = names.job_id(job_id)
+        data = await self._request("POST", f"/job/{job_id}", body=properties)
+        _raise_errors(data, f"update of job {job_id}")
+
+    async def signal_job(self, job_id: str, signal: str = "KILL") -> None:
+        """``DELETE /job/{id}``: with KILL (the default) this cancels the job, as scancel does."""
+        job_id = names.job_id(job_id)
+        if signal not in _SIGNALS:
+            raise ValueError(f"unsupported signal {signal!r}")
+        data = await self._request("DELETE", f"/job/{job_id}", params={"signal": signal})
+        _raise_errors(data, f"signal {signal} to job {job_id}")
+
+
+_SIGNALS = frozenset({"HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "CONT"})
+
+
+def _raise_errors(data: dict[str, Any], what: str) -> None:
+    """A 200 answer may still carry errors (22.05 reports a rejected key that way)."""
+    texts = [str(e.get("description") or e.get("error") or e) for e in data.get("errors") or []]
+    if texts:
+        raise SchedulerError(f"slurmrestd: {what}: {'; '.join(texts)[:300]}")
+
+
+def _token_refused(response: httpx.Response) -> bool:
+    """Whether this answer is slurmrestd (or slurmctld behind it) refusing the token."""
+    if response.status_code in (401, 403):
+        return True
+    if response.status_code < 500:
+        return False
+    try:
+        data = json.loads(response.text)
+    except ValueError:
+        return False
+    errors = data.get("errors") if isinstance(data, dict) else None
+    if not errors or not isinstance(errors, list):
+        return False
+    return all(
+        isinstance(e, dict)
+        and e.get("errno", e.get("error_number", e.get("error_code"))) == _SLURM_ERROR
+        for e in errors
+    )

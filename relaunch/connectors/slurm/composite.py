@@ -1,0 +1,104 @@
+"""In-cluster mode: Slurm through slurmrestd where Slurm 22.05's REST API can do the job, and
+through the Slurm CLI (local, or over SSH) where it cannot.
+
+What goes where on 22.05 (API v0.0.38), as checked against a real slurmrestd 22.05.8:
+
+- over REST: every read (``GET /jobs``, ``/job/{id}``, ``/nodes``, ``/node/{name}``), and so
+  also the fresh read before and the verifying read after every action, whichever path acts;
+  ``hold_job`` / ``release_job`` (``POST /job/{id}`` with ``{"hold": true|false}``) and
+  ``cancel_job`` (``DELETE /job/{id}``, SIGKILL as scancel sends).
+- over the CLI: ``drain_node``, ``fence_node``, ``resume_node`` (v0.0.38 has no node update:
+  ``/node/{name}`` is GET only; it arrived in 23.02), ``requeue_job`` (no requeue endpoint;
+  ``{"requeue": true}`` only sets the job's may-be-requeued flag), ``exclude_nodes`` (slurmrestd
+  answers ``Disabled key: "excluded_nodes"``) and ``resubmit_job`` (the batch script cannot be
+  read over v0.0.38, so ``scontrol write batch_script`` + ``sbatch`` it stays).
+
+This is ``SlurmCli`` with its reads replaced: the CLI's actions call ``self.get_node`` /
+``self.get_job`` / ``self.list_jobs`` for their idempotence check and their verification, so
+those go over REST too, with no change to the CLI's action code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.rest import SlurmRest
+from relaunch.connectors.slurm.runner import CommandRunner
+from relaunch.models import names
+from relaunch.models.errors import InvalidStateError
+from relaunch.models.scheduler import ActionResult, Job, JobState, Node
+
+
+class SlurmRestScheduler(SlurmCli):
+    """Reads and hold/release/cancel over ``rest`` (slurmrestd); the other actions over the
+    Slurm CLI (``env`` / ``runner`` as for ``SlurmCli``). Each action reads fresh state first
+    (a retried call changes nothing), acts, and verifies with a fresh read over REST."""
+
+    def __init__(
+        self,
+        rest: SlurmRest,
+        *,
+        env: Mapping[str, str] | None = None,
+        runner: CommandRunner | None = None,
+        timeout: float = 30.0,
+        verify_timeout: float = 10.0,
+    ) -> None:
+        super().__init__(env=env, runner=runner, timeout=timeout, verify_timeout=verify_timeout)
+        self.rest = rest
+
+    async def aclose(self) -> None:
+        await self.rest.aclose()
+
+    # ---------------------------------------------------------------- reads (REST)
+
+    async def list_jobs(self) -> list[Job]:
+        return await self.rest.list_jobs()
+
+    async def get_job(self, job_id: str) -> Job:
+        return await self.rest.get_job(job_id)
+
+    async def list_nodes(self) -> list[Node]:
+        return await self.rest.list_nodes()
+
+    async def get_node(self, name: str) -> Node:
+        return await self.rest.get_node(name)
+
+    # ---------------------------------------------------------------- job actions (REST)
+
+    async def hold_job(self, job_id: str) -> ActionResult:
+        job_id = names.job_id(job_id)
+        before = await self.get_job(job_id)
+        if before.held:
+            return self._job_result("hold", before, before, changed=False, note="already held")
+        if before.state is not JobState.PENDING:
+            raise InvalidStateError(
+                f"job {job_id} is {before.state.value}; only a pending job can be held"
+            )
+        await self.rest.update_job(job_id, {"hold": True})
+        after = await self._until(lambda: self.get_job(job_id), lambda j: j.held, f"hold {job_id}")
+        return self._job_result("hold", before, after, changed=True)
+
+    async def release_job(self, job_id: str) -> ActionResult:
+        job_id = names.job_id(job_id)
+        before = await self.get_job(job_id)
+        if not before.held:
+            return self._job_result("release", before, before, changed=False, note="not held")
+        await self.rest.update_job(job_id, {"hold": False})
+        after = await self._until(
+            lambda: self.get_job(job_id), lambda j: not j.held, f"release {job_id}"
+        )
+        return self._job_result("release", before, after, changed=True)
+
+    async def cancel_job(self, job_id: str) -> ActionResult:
+        job_id = names.job_id(job_id)
+        before = await self.get_job(job_id)
+        if before.state.is_terminal:
+            return self._job_result(
+                "cancel", before, before, changed=False, note=f"already {before.state.value}"
+            )
+        await self.rest.signal_job(job_id, "KILL")
+        after = await self._until(
+            lambda: self.get_job(job_id), lambda j: j.state.is_terminal, f"cancel {job_id}"
+        )
+        return self._job_result("cancel", before, after, changed=True)
