@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from temporalio.client import Client
 
-from relaunch.connectors.slurm.factory import slurm_cli
+from relaunch.connectors.slurm.factory import slurm_scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Approval, Detection
@@ -70,7 +70,9 @@ def register(cli: click.Group) -> None:
             temporal = TemporalDecider(config)
             app = create_app(
                 config,
-                Services(decide=temporal, scheduler=slurm_cli(config), deliver=temporal.deliver),
+                Services(
+                    decide=temporal, scheduler=slurm_scheduler(config), deliver=temporal.deliver
+                ),
             )
         except RelaunchError as exc:
             _fail(exc)
