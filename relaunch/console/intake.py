@@ -31,14 +31,13 @@ from relaunch.models.intake import (
     SlurmHookEvent,
 )
 from relaunch.models.recovery import AuditRecord, Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState
+from relaunch.models.scheduler import Job, JobState, watched
 
 log = logging.getLogger("relaunch.console.intake")
 
 
 MAX_BODY = 1 << 20
 _ALERTNAME = re.compile(r"[A-Za-z0-9_:.-]{1,100}")
-_ON, _OFF = {"on", "yes", "true", "1"}, {"off", "no", "false", "0"}
 
 
 class IntakeRefused(Exception):
@@ -113,12 +112,8 @@ def _trim(value: str, limit: int = 300) -> str:
 
 
 def _watched(c: Console, job: Job) -> bool:
-    flag = job.comment_fields.get("relaunch", "").strip().lower()
-    if flag in _OFF:
-        return False
-    if c.config.watch.opt_in_comment and flag in _ON:
-        return True
-    return any(p in c.config.watch.partitions for p in job.partition.split(",") if p)
+    w = c.config.watch
+    return watched(job, c.config.name, partitions=w.partitions, opt_in_comment=w.opt_in_comment)
 
 
 def _on_node(job: Job, node: str) -> str | None:

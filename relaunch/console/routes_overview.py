@@ -15,7 +15,7 @@ from relaunch.console import charts, kpis
 from relaunch.console.queries import IncidentSummary, bucket_for
 from relaunch.console.web import Auth, Console, Problem, console, render, require
 from relaunch.models.errors import RelaunchError
-from relaunch.models.scheduler import Job
+from relaunch.models.scheduler import Job, watched
 
 SCHEDULER_TIMEOUT_S = 3.0
 # Window-wide KPIs over up to 30 days of rows; open incidents and approvals are always fresh.
@@ -61,8 +61,9 @@ async def watched_jobs(c: Console) -> tuple[list[Job], str | None]:
     return [
         j
         for j in jobs
-        if j.partition in watch.partitions
-        or (watch.opt_in_comment and j.comment_fields.get("relaunch") == "on")
+        if watched(
+            j, c.config.name, partitions=watch.partitions, opt_in_comment=watch.opt_in_comment
+        )
     ], None
 
 

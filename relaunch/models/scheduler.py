@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
@@ -216,6 +217,29 @@ class Job(BaseModel):
             if key and sep:
                 fields[key] = value
         return fields
+
+
+OPT_IN_KEY = "relaunch"
+CLUSTER_KEY = "relaunch_cluster"
+_ON = frozenset({"on", "yes", "true", "1"})
+_OFF = frozenset({"off", "no", "false", "0"})
+
+
+def watched(job: Job, cluster: str, *, partitions: Sequence[str], opt_in_comment: bool) -> bool:
+    """Whether Relaunch's ``cluster`` looks after ``job``: opted in by comment
+    (``relaunch=on``) or in a watched partition. ``relaunch=off`` always opts out, and a job
+    that names another Relaunch cluster (``relaunch_cluster=<name>``, for several Relaunch
+    deployments on one Slurm cluster) belongs to that one."""
+    fields = job.comment_fields
+    flag = fields.get(OPT_IN_KEY, "").strip().lower()
+    if flag in _OFF:
+        return False
+    named = fields.get(CLUSTER_KEY, "").strip()
+    if named and named != cluster:
+        return False
+    if opt_in_comment and flag in _ON:
+        return True
+    return any(p in partitions for p in job.partition.split(",") if p)
 
 
 class Node(BaseModel):

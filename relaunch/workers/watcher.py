@@ -41,14 +41,12 @@ from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import Catalogue, Culprit, Role, SignatureMatch
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState
+from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState, watched
 from relaunch.workers.watch_state import JobWatch, Poll, Stream
 
 logger = logging.getLogger(__name__)
 
 REPORTED_ROLES = frozenset({Role.ROOT, Role.CASCADE})
-_ON = {"on", "yes", "true", "1"}
-_OFF = {"off", "no", "false", "0"}
 
 
 class SchedulerView(Protocol):
@@ -121,14 +119,11 @@ class Watcher:
         self._jobs: dict[str, JobWatch] = {}
 
     def watches(self, job: Job) -> bool:
-        """Opted in by comment (``relaunch=on``) or in a watched partition; ``relaunch=off``
-        always opts out."""
-        flag = job.comment_fields.get("relaunch", "").strip().lower()
-        if flag in _OFF:
-            return False
-        if self.config.opt_in_comment and flag in _ON:
-            return True
-        return any(p in self.config.partitions for p in job.partition.split(",") if p)
+        """See :func:`relaunch.models.scheduler.watched`."""
+        cfg = self.config
+        return watched(
+            job, cfg.cluster, partitions=cfg.partitions, opt_in_comment=cfg.opt_in_comment
+        )
 
     def log_offsets(self, job_id: str) -> dict[str, int]:
         """Byte offsets reached in each of the job's log files (job logs, then node logs)."""

@@ -92,6 +92,8 @@ class Harness:
             workdir=self.tmp,
             ckpt_dir=self.tmp / self.config.name / "ckpt",
             args=["--step-sleep", "0.2", "--ckpt-every", "5", *args],
+            # Tests share one Slurm: a harness's watcher and intake look after its jobs only.
+            comment=f"relaunch=on,relaunch_cluster={self.config.name}",
         )
         self.jobs.append(job_id)
         return job_id

@@ -21,7 +21,7 @@ async def test_drain_requeue_exclude_runs_on_other_nodes(
         "-J",
         "train",
         f"--output={workdir}/train-%j.out",
-        "--comment=relaunch=on,max_restarts=2",
+        "--comment=relaunch=on,max_restarts=2,relaunch_cluster=slurm-actions",
         script=TRAIN_SCRIPT,
     )
     try:
@@ -88,7 +88,7 @@ async def test_resubmit_keeps_lineage_and_avoids_nodes(
         "-J",
         "resub",
         f"--output={workdir}/resub-%j.out",
-        "--comment=relaunch=on",
+        "--comment=relaunch=on,relaunch_cluster=slurm-actions",
         script=TRAIN_SCRIPT,
     )
     child_id = None
@@ -101,7 +101,11 @@ async def test_resubmit_keeps_lineage_and_avoids_nodes(
         child_id = result.new_job_id
         child = await wait_job(scheduler, child_id, JobState.RUNNING)
         assert avoid not in child.nodes and len(child.nodes) == 2
-        assert child.comment_fields == {"relaunch": "on", LINEAGE_KEY: job_id}
+        assert child.comment_fields == {
+            "relaunch": "on",
+            "relaunch_cluster": "slurm-actions",
+            LINEAGE_KEY: job_id,
+        }
         assert child.name == "resub" and child.stdout_path == f"{workdir}/resub-{child_id}.out"
         # Asking again finds the child instead of submitting a third job.
         again = await scheduler.resubmit_job(job_id, exclude=[avoid])

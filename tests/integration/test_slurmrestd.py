@@ -33,7 +33,7 @@ async def test_rest_reads_match_cli(
         "-N",
         "2",
         f"--output={workdir}/r-%j.out",
-        "--comment=relaunch=on",
+        "--comment=relaunch=on,relaunch_cluster=slurmrestd-reads",
         "--wrap=srun sleep 120",
     )
     held = sbatch(slurm_env, "--hold", f"--output={workdir}/h-%j.out", "--wrap=sleep 1")

@@ -298,6 +298,11 @@ async def test_unwatched_jobs_are_ignored(
     opted_out = make_watcher(scheduler, tmp_path, partitions=["gpu"], opt_in_comment=False)
     scheduler.set_job(partition="debug", comment="relaunch=on")
     assert await opted_out.poll_once(T0) == []
+    # A job that names another Relaunch deployment is that one's, whatever else it says.
+    scheduler.set_job(partition="gpu", comment="relaunch=on,relaunch_cluster=staging")
+    assert not watcher.watches(scheduler.jobs[0])
+    scheduler.set_job(comment="relaunch=on,relaunch_cluster=dev")
+    assert watcher.watches(scheduler.jobs[0])
 
 
 async def test_one_batched_read_of_each_kind_per_poll(
