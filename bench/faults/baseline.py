@@ -27,6 +27,10 @@ from bench.faults.scenarios import (
 from relaunch.models.errors import RelaunchError
 
 NEVER_REASON = {
+    "node_failure": "the surviving rank's gloo sees its peer vanish and raises at once; srun "
+    "--kill-on-bad-exit ends the step and the job ends FAILED long before slurmctld declares "
+    "the node down (SlurmdTimeout), so Slurm's node-failure requeue never applies",
+    "preemption": "not running again within the observation window",
     "gpu_hardware": "the rank died but slurmd lives: srun ends the step, the job ends FAILED and "
     "is not requeued (Slurm requeues only on node failure or preemption); Slurm never reads the "
     "kernel log, so the bad GPU's node stays in service",
@@ -78,14 +82,27 @@ async def run_baseline(
         # Node failure and preemption: Slurm requeues by itself; wait for RUNNING again.
         limit = 900.0 if cls == "node_failure" else (200.0 if cls == "preemption" else observe)
         deadline = time.monotonic() + limit
+        ended_at: float | None = None
         while time.monotonic() < deadline:
             if watch.running_again(fault_at, before) and tail.resume(fault_at)[1] is not None:
                 break
+            # A job that ended FAILED (not REQUEUED/PENDING) stays ended: Slurm requeues only
+            # on node failure or preemption, before the job ends. Watch 30 s more, then stop.
+            last = watch.states[-1][1] if watch.states else ""
+            if last in ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > 30:
+                    limit = time.monotonic() - deadline + limit
+                    break
+            else:
+                ended_at = None
             await asyncio.sleep(0.5)
         running = watch.running_again(fault_at, before)
         ckpt, first_step = tail.resume(fault_at)
-        final = await sched.get_job(job_id)
-        row["final_state"] = final.state.value
+        # A finished job leaves squeue after MinJobAge: fall back to the last state seen.
+        row["final_state"] = watch.states[-1][1] if watch.states else "?"
+        with contextlib.suppress(RelaunchError):
+            row["final_state"] = (await sched.get_job(job_id)).state.value
         row["states"] = [s for _, s, _, _ in watch.states]
         drained = {node.name for node in await sched.list_nodes() if node.drain_flag}
         row["culprit_drained"] = culprit in drained

@@ -47,7 +47,9 @@ EXPECTED: dict[str, tuple[str, str, bool]] = {
     "gpu_hardware": ("gpu_hardware", "isolate_and_restart", True),
     "network": ("network", "isolate_and_restart", True),
     "node_failure": ("node_failure", "isolate_and_restart", True),
-    "hang": ("hang", "isolate_and_restart", True),
+    # A culprit is named only when one rank lags its peers; a SIGSTOPped rank stops every rank
+    # at the same step (the peers block in the all-reduce), so: restart without a drain.
+    "hang": ("hang", "restart", False),
     "application": ("application", "hold", False),
     "preemption": ("preemption", "none", False),
 }
@@ -251,8 +253,10 @@ async def run_one(
         row["right_drain"] = (culprit in drained) if expected_drain else (not drained)
         row["false_drains"] = sorted(drained - expected_drain)
         # Running again and the first training step after the resume (when the job restarts).
-        restarts = cls not in ("application",)
-        if restarts and row["stage"] not in ("not started",):
+        # Only a recovery that restarted the job (or Slurm's own requeue after a preemption)
+        # brings it back; a hold or no action leaves nothing to wait for.
+        restarts = cls == "preemption" or row["action"] in ("restart", "isolate_and_restart")
+        if restarts and row["stage"] not in ("not started", "held", "failed"):
             with contextlib.suppress(BenchError):
                 await tail.wait(
                     lambda t: t.resume(fault_at)[1] is not None, "first step after resume", 150
