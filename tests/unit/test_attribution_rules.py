@@ -169,3 +169,18 @@ def test_srun_task_labels_and_pytorch_ranks_are_different_numberings() -> None:
     # PyTorch's own rank label goes through torchrun's rank → host map.
     by_rank = attribute_bundle(make(START + "[rank2]: " + ecc + torchrun))
     assert by_rank.culprit_nodes == ["gpu01"]
+
+
+def test_a_rank_whose_own_socket_was_aborted_is_the_network_culprit() -> None:
+    log = (
+        START
+        + "1: [rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read "
+        "error [127.0.0.1]:41512: Software caused connection abort\n"
+        "0: [rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+        "Connection closed by peer [127.0.0.1]:8616. This is typically caused by a remote "
+        "worker crashing.\n"
+        "srun: error: gpu02: task 1: Exited with exit code 1\n"
+    )
+    v = attribute_bundle(make(log))
+    assert v.category is Category.NETWORK and v.culprit_nodes == ["gpu02"]
+    assert v.action is Action.ISOLATE_AND_RESTART
