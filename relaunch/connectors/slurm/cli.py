@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from relaunch.connectors.slurm import parse
+from relaunch.connectors.slurm.fresh import FreshRead
 from relaunch.connectors.slurm.runner import (
     CONTROLLER_HINT,
     CommandResult,
@@ -54,6 +55,10 @@ class SlurmCli:
         self._runner = runner or LocalRunner(env)
         self._timeout = timeout
         self._verify_timeout = verify_timeout
+        # Concurrent readers (a burst of recoveries, an action and its verification) share
+        # squeue/sinfo calls; nobody gets a listing that started before it asked.
+        self._job_reads: FreshRead[list[Job]] = FreshRead(self._read_jobs)
+        self._node_reads: FreshRead[list[Node]] = FreshRead(self._read_nodes)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -103,7 +108,11 @@ class SlurmCli:
     # ---------------------------------------------------------------- reads
 
     async def list_jobs(self) -> list[Job]:
-        """Every job slurmctld knows (pending, running and recently finished), one call."""
+        """Every job slurmctld knows (pending, running and recently finished), one call shared
+        by the callers that ask while it runs (see relaunch.connectors.slurm.fresh)."""
+        return list(await self._job_reads())
+
+    async def _read_jobs(self) -> list[Job]:
         data = await self._json(["squeue", "--json"])
         return [parse.job_from_json(raw) for raw in data.get("jobs") or []]
 
@@ -118,6 +127,9 @@ class SlurmCli:
         )
 
     async def list_nodes(self) -> list[Node]:
+        return list(await self._node_reads())
+
+    async def _read_nodes(self) -> list[Node]:
         data = await self._json(["sinfo", "--json"])
         return parse.nodes_from_data(data)
 
