@@ -177,20 +177,35 @@ def findings(rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
         out.append(
             "- hang: detected at the stall floor (`hang_threshold_s=20` for the bench; the "
             "default is 120 s, which would put detection at ~120 s, over the 60 s target). "
-            "No culprit is named — a SIGSTOPped rank stops every rank at the same step — so "
-            "the action is a restart without a drain (the design's rule); the stopped "
-            "process's node is not drained."
+            + (
+                "The stopped rank's node was named and drained (isolate and restart, the "
+                "design's rule for a hang with a known culprit). This run does not record "
+                "which evidence named it: the stall itself, or n2's reputation (every run's "
+                "culprit is n2, so after three incidents it is a repeat offender, which the "
+                "policy names where an incident names nobody). Draining the stopped rank's "
+                "node is not counted as a false drain; a restart without a drain would also "
+                "be right."
+                if any(r.get("drained") for r in hang)
+                else "No culprit is named — a SIGSTOPped rank stops every rank at the same "
+                "step — so the action is a restart without a drain (the design's rule)."
+            )
         )
     if scale and scale["action_p95"] > 5:
         out.append(
             f"- **burst: detection → first action p95 {scale['action_p95']:.1f} s, "
             f"{scale['action_p95'] - 5:.1f} s over the 5 s target** (p50 "
-            f"{scale['action_p50']:.1f} s). Detection itself stays ~1 s. Every one of the "
-            f"{scale['jobs']} recoveries gathers evidence with its own full `squeue`/`sinfo` "
-            "reads and acts through `scontrol` with fresh reads before and after; on this 2-core "
-            "machine those Slurm calls queue behind each other (slurmctld and the worker share "
-            "the cores), so the last recoveries act tens of seconds after the first. Batching "
-            "reads across concurrent recoveries (one squeue per worker tick) is the fix."
+            f"{scale['action_p50']:.1f} s); detection p50 {scale['detect_p50']:.1f} s, p95 "
+            f"{scale['detect_p95']:.1f} s. The burst's jobs print nothing when their node dies "
+            "(`sleep` jobs, no GPU line), so detection waits for Slurm to mark the killed nodes "
+            "not responding. Then "
+            f"{scale['jobs']} recoveries run on one worker on 2 cores shared with slurmctld: "
+            "evidence, attribution, planning and the drain/requeue/exclude steps of each are "
+            "Temporal activities that queue behind each other, and every requeue waits out "
+            "COMPLETING and re-reads a 500-job queue (concurrent reads are already shared, "
+            "relaunch.connectors.slurm.fresh). What would close it: one batched recovery for "
+            "an interruption that hits many jobs on the same nodes (one drain, one decision, "
+            "requeues in bulk), more activity slots or workers, and `restart_method: resubmit` "
+            "or a shorter requeue path."
         )
     pre = [r for r in rows if r["cls"] == "preemption"]
     if pre:

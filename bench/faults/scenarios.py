@@ -47,9 +47,9 @@ EXPECTED: dict[str, tuple[str, str, bool]] = {
     "gpu_hardware": ("gpu_hardware", "isolate_and_restart", True),
     "network": ("network", "isolate_and_restart", True),
     "node_failure": ("node_failure", "isolate_and_restart", True),
-    # A culprit is named only when one rank lags its peers; a SIGSTOPped rank stops every rank
-    # at the same step (the peers block in the all-reduce), so: restart without a drain.
-    "hang": ("hang", "restart", False),
+    # The stopped rank's node is the culprit: draining it is right (isolate and restart), and
+    # so is a restart without a drain when the evidence names no rank (report.false_drains).
+    "hang": ("hang", "restart", True),
     "application": ("application", "hold", False),
     "preemption": ("preemption", "none", False),
 }
