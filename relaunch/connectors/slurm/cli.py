@@ -253,6 +253,14 @@ class SlurmCli:
         )
         return self._job_result(action, before, after, changed=True)
 
+    # The commands behind hold/release/cancel; other transports (slurmrestd) override these and
+    # keep the check-act-verify around them.
+    async def _send_hold(self, job_id: str, *, held: bool) -> None:
+        await self._checked(["scontrol", "hold" if held else "release", job_id])
+
+    async def _send_cancel(self, job_id: str) -> None:
+        await self._checked(["scancel", job_id])
+
     async def hold_job(self, job_id: str) -> ActionResult:
         job_id = names.job_id(job_id)
         before = await self.get_job(job_id)
@@ -262,7 +270,7 @@ class SlurmCli:
             raise InvalidStateError(
                 f"job {job_id} is {before.state.value}; only a pending job can be held"
             )
-        await self._checked(["scontrol", "hold", job_id])
+        await self._send_hold(job_id, held=True)
         after = await self._until(lambda: self.get_job(job_id), lambda j: j.held, f"hold {job_id}")
         return self._job_result("hold", before, after, changed=True)
 
@@ -271,7 +279,7 @@ class SlurmCli:
         before = await self.get_job(job_id)
         if not before.held:
             return self._job_result("release", before, before, changed=False, note="not held")
-        await self._checked(["scontrol", "release", job_id])
+        await self._send_hold(job_id, held=False)
         after = await self._until(
             lambda: self.get_job(job_id), lambda j: not j.held, f"release {job_id}"
         )
@@ -314,7 +322,7 @@ class SlurmCli:
             return self._job_result(
                 "cancel", before, before, changed=False, note=f"already {before.state.value}"
             )
-        await self._checked(["scancel", job_id])
+        await self._send_cancel(job_id)
         after = await self._until(
             lambda: self.get_job(job_id), lambda j: j.state.is_terminal, f"cancel {job_id}"
         )

@@ -25,9 +25,7 @@ from collections.abc import Mapping
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.connectors.slurm.rest import SlurmRest
 from relaunch.connectors.slurm.runner import CommandRunner
-from relaunch.models import names
-from relaunch.models.errors import InvalidStateError
-from relaunch.models.scheduler import ActionResult, Job, JobState, Node
+from relaunch.models.scheduler import Job, Node
 
 
 class SlurmRestScheduler(SlurmCli):
@@ -66,39 +64,8 @@ class SlurmRestScheduler(SlurmCli):
 
     # ---------------------------------------------------------------- job actions (REST)
 
-    async def hold_job(self, job_id: str) -> ActionResult:
-        job_id = names.job_id(job_id)
-        before = await self.get_job(job_id)
-        if before.held:
-            return self._job_result("hold", before, before, changed=False, note="already held")
-        if before.state is not JobState.PENDING:
-            raise InvalidStateError(
-                f"job {job_id} is {before.state.value}; only a pending job can be held"
-            )
-        await self.rest.update_job(job_id, {"hold": True})
-        after = await self._until(lambda: self.get_job(job_id), lambda j: j.held, f"hold {job_id}")
-        return self._job_result("hold", before, after, changed=True)
+    async def _send_hold(self, job_id: str, *, held: bool) -> None:
+        await self.rest.update_job(job_id, {"hold": held})
 
-    async def release_job(self, job_id: str) -> ActionResult:
-        job_id = names.job_id(job_id)
-        before = await self.get_job(job_id)
-        if not before.held:
-            return self._job_result("release", before, before, changed=False, note="not held")
-        await self.rest.update_job(job_id, {"hold": False})
-        after = await self._until(
-            lambda: self.get_job(job_id), lambda j: not j.held, f"release {job_id}"
-        )
-        return self._job_result("release", before, after, changed=True)
-
-    async def cancel_job(self, job_id: str) -> ActionResult:
-        job_id = names.job_id(job_id)
-        before = await self.get_job(job_id)
-        if before.state.is_terminal:
-            return self._job_result(
-                "cancel", before, before, changed=False, note=f"already {before.state.value}"
-            )
-        await self.rest.signal_job(job_id, "KILL")
-        after = await self._until(
-            lambda: self.get_job(job_id), lambda j: j.state.is_terminal, f"cancel {job_id}"
-        )
-        return self._job_result("cancel", before, after, changed=True)
+    async def _send_cancel(self, job_id: str) -> None:
+        await self.rest.signal_job(job_id, "KILL")  # as scancel sends
