@@ -50,13 +50,14 @@ class SlurmRestScheduler(SlurmCli):
 
     # ---------------------------------------------------------------- reads (REST)
 
-    async def list_jobs(self) -> list[Job]:
+    # list_jobs / list_nodes stay SlurmCli's, so concurrent callers share REST reads too.
+    async def _read_jobs(self) -> list[Job]:
         return await self.rest.list_jobs()
 
     async def get_job(self, job_id: str) -> Job:
         return await self.rest.get_job(job_id)
 
-    async def list_nodes(self) -> list[Node]:
+    async def _read_nodes(self) -> list[Node]:
         return await self.rest.list_nodes()
 
     async def get_node(self, name: str) -> Node:
