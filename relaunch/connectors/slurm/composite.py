@@ -50,14 +50,13 @@ class SlurmRestScheduler(SlurmCli):
 
     # ---------------------------------------------------------------- reads (REST)
 
-    # list_jobs / list_nodes stay SlurmCli's, so concurrent callers share REST reads too.
-    async def _read_jobs(self) -> list[Job]:
+    async def list_jobs(self) -> list[Job]:
         return await self.rest.list_jobs()
 
     async def get_job(self, job_id: str) -> Job:
         return await self.rest.get_job(job_id)
 
-    async def _read_nodes(self) -> list[Node]:
+    async def list_nodes(self) -> list[Node]:
         return await self.rest.list_nodes()
 
     async def get_node(self, name: str) -> Node:
