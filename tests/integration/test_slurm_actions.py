@@ -3,6 +3,7 @@ resubmission, hold/release, cancel — each idempotent and verified."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from relaunch.connectors.slurm.cli import LINEAGE_KEY, SlurmCli
@@ -66,7 +67,6 @@ async def test_drain_requeue_exclude_runs_on_other_nodes(
 
 
 async def wait_job_output(path: Path, min_lines_from: set[str], timeout: float = 30) -> None:
-    import asyncio
     import time
 
     deadline = time.monotonic() + timeout
@@ -134,5 +134,11 @@ async def test_hold_release_cancel_are_idempotent(
     assert not (await scheduler.get_job(job_id)).held
     cancelled = await scheduler.cancel_job(job_id)
     assert cancelled.changed
+    # Verified once Slurm has ended it; a running job is COMPLETING until its epilog is done.
+    assert cancelled.after.split()[0] in {"CANCELLED", "COMPLETING"}
+    for _ in range(240):
+        if (await scheduler.get_job(job_id)).state is JobState.CANCELLED:
+            break
+        await asyncio.sleep(0.25)
     assert (await scheduler.get_job(job_id)).state is JobState.CANCELLED
     assert not (await scheduler.cancel_job(job_id)).changed

@@ -86,7 +86,10 @@ class SlurmCli:
             if done(value):
                 return value
             if loop.time() >= deadline:
-                raise VerificationError(f"{what}: not visible in a fresh read after the action")
+                seen = f" (last read: {_seen(value)})" if _seen(value) else ""
+                raise VerificationError(
+                    f"{what}: not visible in a fresh read after the action{seen}"
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
@@ -323,10 +326,15 @@ class SlurmCli:
                 "cancel", before, before, changed=False, note=f"already {before.state.value}"
             )
         await self._send_cancel(job_id)
+        # A cancelled job that was running stays COMPLETING until its nodes have cleaned up
+        # (its epilog; seconds on a loaded node): Slurm has ended it, so that counts as done.
         after = await self._until(
-            lambda: self.get_job(job_id), lambda j: j.state.is_terminal, f"cancel {job_id}"
+            lambda: self.get_job(job_id),
+            lambda j: j.state.is_terminal or j.state is JobState.COMPLETING,
+            f"cancel {job_id}",
         )
-        return self._job_result("cancel", before, after, changed=True)
+        note = "ending (COMPLETING)" if after.state is JobState.COMPLETING else ""
+        return self._job_result("cancel", before, after, changed=True, note=note)
 
     async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult:
         """Submit the job's batch script again as a new job, with the same shape and the
@@ -429,3 +437,12 @@ def _job_state_text(job: Job) -> str:
     return (
         f"{job.state.value} nodes={nodes} restarts={job.restart_count} reason={job.reason or '-'}"
     )
+
+
+def _seen(value: object) -> str:
+    """What a verification last read, for its error message (a job or node; else nothing)."""
+    if isinstance(value, Job):
+        return f"job {value.job_id} {_job_state_text(value)}"
+    if isinstance(value, Node):
+        return f"node {value.name} {value.display_state} reason={value.reason or '-'}"
+    return ""
