@@ -165,6 +165,32 @@ async def bench(args: argparse.Namespace) -> None:
     print(text)
 
 
+async def scale_only(args: argparse.Namespace) -> None:
+    """Only the burst (and, unless --held 0, the watcher's cost): for working on scale. Prints
+    the numbers and writes bench/results/scale-only.json; REPORT.md comes from full runs only."""
+    root = Path(tempfile.mkdtemp(prefix="relaunch-bench-scale-"))
+    root.chmod(0o755)
+    sc = scale.scale_stack(root, args.burst, args.held)
+    out: dict[str, Any] = {"code": code_version(), "burst_n": args.burst, "held_n": args.held}
+    try:
+        await sc.up()
+        audit = await AuditStore.open(sc.s.database_url)
+        try:
+            out["burst"] = await scale.burst(sc, audit, args.burst, 600)
+            shown = {k: v for k, v in out["burst"].items() if "samples" not in k}
+            log(f"burst: {json.dumps(shown)}")
+            if args.held:
+                out["cost"] = await scale.watcher_cost(sc, args.held, 10)
+                log(f"watcher cost: {json.dumps(out['cost'])}")
+        finally:
+            await audit.close()
+    finally:
+        sc.down()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    (RESULTS / "scale-only.json").write_text(json.dumps(out, indent=1, default=str))
+
+
 def report_only() -> None:
     """Render REPORT.md again from bench/results/faults-raw.json (no stacks)."""
     saved = json.loads((RESULTS / "faults-raw.json").read_text())
@@ -184,12 +210,17 @@ def main() -> None:
     p.add_argument("--held", type=int, default=10_000, help="held jobs for the watcher's cost")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--report-only", action="store_true", help="re-render from faults-raw.json")
+    p.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="only the burst and the watcher's cost (scale-only.json; REPORT.md untouched)",
+    )
     args = p.parse_args()
     if args.report_only:
         report_only()
         return
     try:
-        asyncio.run(bench(args))
+        asyncio.run(scale_only(args) if args.scale_only else bench(args))
     except RelaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

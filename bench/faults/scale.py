@@ -204,6 +204,17 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     final: dict[str, str] = {}
     for e in stages:
         final[e.incident_id] = str(e.stage)
+    # Where the time between detection and action goes: each milestone's first row, from the
+    # incident's first detection.
+    milestones: dict[str, dict[str, datetime]] = {}
+    for e in [*stages, *await all_events(audit, ["evidence", "verdict", "plan"]), *acts]:
+        key = f"stage:{e.stage}" if e.kind == "stage" else e.kind
+        first = milestones.setdefault(key, {})
+        first[e.incident_id] = min(first.get(e.incident_id, e.at), e.at)
+    breakdown = {}
+    for key, at in sorted(milestones.items()):
+        spans = [(t - first_det[i]).total_seconds() for i, t in at.items() if i in first_det]
+        breakdown[key] = {"n": len(spans), "p50": pct(spans, 50), "p95": pct(spans, 95)}
     drained = sorted(n.name for n in await sched.list_nodes() if n.drain_flag)
     jobs = {j.job_id: j for j in await sched.list_jobs() if j.job_id in set(ids)}
     running_again = sum(
@@ -225,6 +236,7 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
         "restart_p95": pct(rst_s, 95),
         "restart_max": max(rst_s, default=float("nan")),
         "stages": {s: list(final.values()).count(s) for s in set(final.values())},
+        "since_detection": breakdown,
         "drained": drained,
         "false_drains": [d for d in drained if d not in failing],
         "worker": cpu_worker,

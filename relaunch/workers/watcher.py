@@ -79,6 +79,9 @@ class WatchConfig(BaseModel):
     progress_pattern: str | None = Field(default=None, description="a regex with group `step`")
     max_read_bytes: int = Field(default=8 << 20, gt=0, description="per file per poll")
     max_pending: int = Field(default=10_000, gt=0, description="undelivered detections kept")
+    deliver_parallel: int = Field(
+        default=32, gt=0, description="recoveries started or signalled at once"
+    )
 
     @field_validator("node_log_pattern", "telemetry_pattern")
     @classmethod
@@ -205,13 +208,39 @@ class Watcher:
         logger.log(level, "poll failed", extra={"error": str(exc), "retryable": retryable})
 
     async def _deliver(self, pending: deque[Detection]) -> None:
-        while pending:
-            try:
-                await self._on_detection(pending[0])
-            except Exception:
-                logger.exception("delivering a detection failed; retrying next poll")
-                return
-            logger.info("detection", extra=_fields(pending.popleft()))
+        """Hand pending detections over: up to ``deliver_parallel`` recoveries at once (a
+        switch that takes out a rack interrupts hundreds of jobs together, and each handover
+        is a round trip to Temporal), one recovery's detections in order. After a failure
+        nothing new is started; what was not delivered stays pending, in order."""
+        if not pending:
+            return
+        groups: dict[str, list[Detection]] = {}
+        for det in pending:
+            groups.setdefault(det.workflow_id, []).append(det)
+        gate = asyncio.Semaphore(self.config.deliver_parallel)
+        delivered: set[int] = set()
+        failed = False
+
+        async def one_recovery(dets: list[Detection]) -> None:
+            nonlocal failed
+            async with gate:
+                for det in dets:
+                    if failed:
+                        return
+                    try:
+                        await self._on_detection(det)
+                    except Exception:
+                        if not failed:
+                            logger.exception("delivering a detection failed; retrying next poll")
+                        failed = True
+                        return
+                    delivered.add(id(det))
+                    logger.info("detection", extra=_fields(det))
+
+        await asyncio.gather(*(one_recovery(dets) for dets in groups.values()))
+        left = [det for det in pending if id(det) not in delivered]
+        pending.clear()
+        pending.extend(left)
 
     # ---------------------------------------------------------------- one job
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -370,6 +371,74 @@ async def test_run_survives_a_controller_outage_and_retries_delivery(
     assert kinds(delivered) == ["job_state:FAILED"]
     assert watcher.stats.errors == 1
     assert "slurmctld down" in watcher.stats.last_error
+
+
+async def test_a_burst_is_handed_over_in_parallel_each_recovery_in_order(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """A rack failure interrupts many jobs at once: their recoveries are started side by side
+    (bounded), while one recovery's detections still arrive in the order they were made."""
+    base = scheduler.jobs[0]
+    scheduler.jobs = [
+        base.model_copy(update={"job_id": str(200 + i), "state": JobState.FAILED})
+        for i in range(40)
+    ]
+    in_flight = peak = 0
+    delivered: list[Detection] = []
+    stop = asyncio.Event()
+
+    async def deliver(detection: Detection) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.05)  # a round trip to Temporal
+        in_flight -= 1
+        delivered.append(detection)
+        if len(delivered) == 80:
+            stop.set()
+
+    watcher = Watcher(
+        WatchConfig(cluster="dev", poll_interval_s=0.01, deliver_parallel=8), scheduler, deliver
+    )
+    # Each job also gets a second detection (its node went down) after the first.
+    pending = [*await watcher.poll_once(T0)]
+    scheduler.nodes = [Node(name="n1", state=NodeState.DOWN), *scheduler.nodes[1:]]
+    for job in scheduler.jobs:
+        job.state = JobState.RUNNING
+    pending += await watcher.poll_once(T0)
+    assert len(pending) == 80
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(watcher._deliver(collections.deque(pending)), timeout=5)
+    took = asyncio.get_running_loop().time() - started
+    assert peak == 8  # parallel, and never more than deliver_parallel at once
+    assert took < 80 * 0.05 / 2  # far less than one at a time
+    for job in scheduler.jobs:
+        mine = [d.kind for d in delivered if d.job_id == job.job_id]
+        assert mine == ["job_state:FAILED", "node_state:DOWN"]
+
+
+async def test_a_failed_handover_keeps_the_rest_pending_in_order(
+    scheduler: FakeScheduler,
+) -> None:
+    base = scheduler.jobs[0]
+    scheduler.jobs = [
+        base.model_copy(update={"job_id": str(300 + i), "state": JobState.FAILED})
+        for i in range(10)
+    ]
+    calls = 0
+
+    async def deliver(detection: Detection) -> None:
+        nonlocal calls
+        calls += 1
+        if detection.job_id == "300":
+            raise ConnectionError("temporal went away")
+
+    watcher = Watcher(WatchConfig(cluster="dev", deliver_parallel=1), scheduler, deliver)
+    pending = collections.deque(await watcher.poll_once(T0))
+    order = [d.job_id for d in pending]
+    await watcher._deliver(pending)
+    assert calls == 1  # nothing new is tried once a handover failed
+    assert [d.job_id for d in pending] == order  # all kept, in order
 
 
 def test_file_tail_reads_new_bytes_and_survives_truncation(tmp_path: Path) -> None:
