@@ -321,7 +321,7 @@ class SlurmCli:
     async def cancel_job(self, job_id: str) -> ActionResult:
         job_id = names.job_id(job_id)
         before = await self.get_job(job_id)
-        if before.state.is_terminal:
+        if before.state.is_terminal or before.state is JobState.COMPLETING:
             return self._job_result(
                 "cancel", before, before, changed=False, note=f"already {before.state.value}"
             )
