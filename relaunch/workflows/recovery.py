@@ -80,17 +80,43 @@ ACT = CallPolicy(
 )
 
 
-async def call(name: str, arg: object, result_type: type[T], policy: CallPolicy, summary: str) -> T:
+# Recoveries started after this patch run their quick steps (audit records, evidence,
+# attribution, planning) as local activities: in the worker, inside the workflow task, without a
+# round trip through the server's task queues for each. When a switch takes out a rack, hundreds
+# of recoveries start at once and the server's queue dispatch is what paces them. Actions stay
+# ordinary activities (heartbeats, retries on another worker). Older histories replay unpatched.
+LOCAL_QUICK_STEPS = "local-quick-steps"
+
+
+async def call(
+    name: str,
+    arg: object,
+    result_type: type[T],
+    policy: CallPolicy,
+    summary: str,
+    *,
+    local: bool = False,
+) -> T:
     """Run an activity by name with its policy; its result typed by ``result_type``."""
-    result = await workflow.execute_activity(
-        name,
-        arg,
-        result_type=result_type,
-        start_to_close_timeout=policy.timeout,
-        heartbeat_timeout=policy.heartbeat,
-        retry_policy=policy.retry,
-        summary=summary,
-    )
+    if local:
+        result = await workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=policy.timeout,
+            retry_policy=policy.retry,
+            summary=summary,
+        )
+    else:
+        result = await workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=policy.timeout,
+            heartbeat_timeout=policy.heartbeat,
+            retry_policy=policy.retry,
+            summary=summary,
+        )
     return cast(T, result)
 
 
@@ -107,6 +133,14 @@ class RecoveryWorkflow:
         self._deadline_s: float | None = None
         self._detections = 0
         self._outcome = ""
+        self._local: bool | None = None
+
+    @property
+    def _quick_local(self) -> bool:
+        """Whether this recovery runs its quick steps locally (see LOCAL_QUICK_STEPS)."""
+        if self._local is None:
+            self._local = workflow.patched(LOCAL_QUICK_STEPS)
+        return self._local
 
     # ------------------------------------------------------------------ messages
 
@@ -121,6 +155,7 @@ class RecoveryWorkflow:
             bool,
             RECORD,
             f"detection: {det.kind}",
+            local=self._quick_local,
         )
 
     @workflow.signal
@@ -201,6 +236,7 @@ class RecoveryWorkflow:
             bool,
             RECORD,
             f"audit: {kind}",
+            local=self._quick_local,
         )
 
     async def _finish(self, stage: Stage, outcome: str) -> RecoveryStatus:
@@ -231,6 +267,7 @@ class RecoveryWorkflow:
             EvidenceSummary,
             OBSERVE,
             f"gather evidence for job {inp.job_id}",
+            local=self._quick_local,
         )
         self._stage = Stage.ATTRIBUTING
         verdict = await call(
@@ -239,6 +276,7 @@ class RecoveryWorkflow:
             Verdict,
             OBSERVE,
             "attribute",
+            local=self._quick_local,
         )
         self._verdict = verdict
         workflow.upsert_search_attributes(
@@ -260,6 +298,7 @@ class RecoveryWorkflow:
             ActionPlan,
             OBSERVE,
             "plan",
+            local=self._quick_local,
         )
         self._plan, self._mode = plan, plan.mode
         workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
