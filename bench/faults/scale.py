@@ -169,10 +169,15 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     watcher = Sampler(bs.procs["watch"].pid)
     worker.start()
     watcher.start()
+    placed = {j.job_id: j.nodes[0] for j in await sched.list_jobs() if j.job_id in set(ids)}
     fault_at = now()
-    killed = sum(
-        faults.kill_node(bs.s.slurm, node, kernel_log=bs.node_log(node)) for node in failing
-    )
+    # Finding a node's processes takes a while (a scan of /proc), so each node's fault time is
+    # when its processes were killed and its Xid line written, not when the burst began.
+    killed = 0
+    node_fault: dict[str, datetime] = {}
+    for node in failing:
+        killed += faults.kill_node(bs.s.slurm, node, kernel_log=bs.node_log(node))
+        node_fault[node] = now()
     log(f"scale: killed {killed} processes on {','.join(failing)}; waiting for {n} recoveries")
     deadline = time.monotonic() + wait_s
     restarted: dict[str, datetime] = {}
@@ -198,7 +203,11 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     first_act: dict[str, datetime] = {}
     for e in acts:
         first_act[e.incident_id] = min(first_act.get(e.incident_id, e.at), e.at)
-    det_s = [(t - fault_at).total_seconds() for t in first_det.values()]
+    det_s = [
+        (t - node_fault[placed[job]]).total_seconds()
+        for i, t in first_det.items()
+        if (job := i.rsplit("-", 2)[-2]) in placed
+    ]
     act_s = [(first_act[i] - first_det[i]).total_seconds() for i in first_act if i in first_det]
     rst_s = [(restarted[i] - first_det[i]).total_seconds() for i in restarted if i in first_det]
     final: dict[str, str] = {}
@@ -224,6 +233,7 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
         "jobs": n,
         "submit_s": submit_s,
         "killed_processes": killed,
+        "kill_spread_s": (max(node_fault.values()) - fault_at).total_seconds(),
         "incidents": len(first_det),
         "restarted": len(restarted),
         "running_again": running_again,

@@ -179,27 +179,54 @@ class Watcher:
         hand each detection to ``on_detection``. Scheduler errors are logged and the next poll
         tries again; a detection whose delivery fails is kept and delivered later."""
         pending: deque[Detection] = deque()
+        found = asyncio.Event()
+        # Handing detections to Temporal runs beside the polling: a slow handover (a burst, a
+        # loaded server) never delays reading the next log line.
+        handover = asyncio.create_task(self._deliver_until(stop, pending, found))
         next_poll = 0.0
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                if started >= next_poll:
-                    next_poll = started + self.config.poll_interval_s
-                    pending.extend(await self.poll_once())
-                else:
-                    pending.extend(self.read_logs_once())
-            except RelaunchError as exc:
-                self._failed(exc, retryable=exc.retryable)
-            except Exception as exc:
-                logger.exception("watcher poll failed unexpectedly")
-                self._failed(exc, retryable=False)
-            while len(pending) > self.config.max_pending:
-                dropped = pending.popleft()
-                logger.error("dropping undelivered detection", extra=_fields(dropped))
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    if started >= next_poll:
+                        next_poll = started + self.config.poll_interval_s
+                        new = await self.poll_once()
+                    else:
+                        new = self.read_logs_once()
+                    if new:
+                        pending.extend(new)
+                        found.set()
+                except RelaunchError as exc:
+                    self._failed(exc, retryable=exc.retryable)
+                except Exception as exc:
+                    logger.exception("watcher poll failed unexpectedly")
+                    self._failed(exc, retryable=False)
+                while len(pending) > self.config.max_pending:
+                    dropped = pending.popleft()
+                    logger.error("dropping undelivered detection", extra=_fields(dropped))
+                wake = min(next_poll, time.monotonic() + self.config.log_interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=max(0.0, wake - time.monotonic()))
+        finally:
+            found.set()  # a last handover of what is pending, then stop
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(handover, timeout=10)
+
+    async def _deliver_until(
+        self, stop: asyncio.Event, pending: deque[Detection], found: asyncio.Event
+    ) -> None:
+        """Hand pending detections over as they come; after a failure, try again a poll
+        interval later. Ends once ``stop`` is set and a last attempt was made."""
+        while True:
+            await found.wait()
+            found.clear()
             await self._deliver(pending)
-            wake = min(next_poll, time.monotonic() + self.config.log_interval_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(0.0, wake - time.monotonic()))
+            if stop.is_set():
+                return
+            if pending:  # not delivered: try again later, or sooner when more is found
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(found.wait(), timeout=self.config.poll_interval_s)
+                found.set()
 
     def _failed(self, exc: Exception, *, retryable: bool) -> None:
         self.stats.errors += 1

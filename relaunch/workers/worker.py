@@ -24,6 +24,7 @@ from relaunch.activities.evidence import EvidenceActivities
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.logstores import open_log_store
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
+from relaunch.detection.signatures import Catalogue
 from relaunch.models.config import ClusterConfig
 from relaunch.models.endpoints import TemporalTlsSettings
 from relaunch.models.errors import RelaunchError
@@ -114,6 +115,8 @@ def build_worker(client: Client, deps: Deps, *, queue: str | None = None) -> Wor
 async def run_worker(config: ClusterConfig) -> None:
     log_store = open_log_store(config.logs)  # first: a missing secret fails before connecting
     scheduler = slurm_scheduler(config)  # reads the slurmrestd JWT key, if any, now
+    # Compile the signature catalogue now (about 2 s with hyperscan), not in the first recovery.
+    await asyncio.to_thread(Catalogue.load)
     client = await connect(config)
     audit = await AuditStore.open(config.database_url)
     deps = Deps(config=config, scheduler=scheduler, audit=audit, log_store=log_store)

@@ -417,6 +417,43 @@ async def test_a_burst_is_handed_over_in_parallel_each_recovery_in_order(
         assert mine == ["job_state:FAILED", "node_state:DOWN"]
 
 
+async def test_a_slow_handover_does_not_hold_up_detection(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    """Temporal answering slowly (a burst, a loaded server) must not delay reading logs."""
+    first = scheduler.jobs[0]
+    failed = {"job_id": "102", "state": JobState.FAILED, "stdout_path": "", "stderr_path": ""}
+    scheduler.jobs.append(first.model_copy(update=failed))
+    release = asyncio.Event()
+    delivered: list[str] = []
+
+    async def deliver(detection: Detection) -> None:
+        await release.wait()
+        delivered.append(detection.kind)
+
+    stop = asyncio.Event()
+    watcher = Watcher(WatchConfig(cluster="dev", poll_interval_s=0.05), scheduler, deliver)
+    running = asyncio.create_task(watcher.run(stop))
+    for _ in range(100):
+        if watcher.stats.detections:
+            break
+        await asyncio.sleep(0.01)
+    append(log, "0: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    for _ in range(100):  # found while the first handover is still waiting
+        if watcher.stats.detections == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert watcher.stats.detections == 2 and delivered == []
+    release.set()
+    for _ in range(100):
+        if len(delivered) == 2:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+    assert sorted(delivered) == ["job_state:FAILED", "signature:cuda_ecc"]
+
+
 async def test_a_failed_handover_keeps_the_rest_pending_in_order(
     scheduler: FakeScheduler,
 ) -> None:
