@@ -26,6 +26,7 @@ from relaunch.devstack import faults
 from relaunch.models.config import WatchSettings
 from relaunch.models.recovery import Mode, Policy
 from relaunch.models.scheduler import JobState
+from relaunch.workers.watch_main import BriefListing
 from relaunch.workers.watcher import WatchConfig, Watcher
 
 SCALE_POLICY = Policy(
@@ -170,13 +171,13 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     worker.start()
     watcher.start()
     placed = {j.job_id: j.nodes[0] for j in await sched.list_jobs() if j.job_id in set(ids)}
+    # Find every victim first (a scan of /proc takes seconds), then fail the nodes together.
+    victims = {node: faults.node_processes(bs.s.slurm, node) for node in failing}
     fault_at = now()
-    # Finding a node's processes takes a while (a scan of /proc), so each node's fault time is
-    # when its processes were killed and its Xid line written, not when the burst began.
     killed = 0
     node_fault: dict[str, datetime] = {}
     for node in failing:
-        killed += faults.kill_node(bs.s.slurm, node, kernel_log=bs.node_log(node))
+        killed += faults.kill_pids(node, victims[node], kernel_log=bs.node_log(node))
         node_fault[node] = now()
     log(f"scale: killed {killed} processes on {','.join(failing)}; waiting for {n} recoveries")
     deadline = time.monotonic() + wait_s
@@ -284,7 +285,7 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
     cfg = bs.cfg
     watcher = Watcher(
         WatchConfig(cluster=cfg.name, node_log_pattern=cfg.node_log_pattern),
-        sched,
+        BriefListing(sched),  # as `relaunch watch` reads the queue
         noop,
     )
 
@@ -300,7 +301,8 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
 
     first = await timed(watcher.poll_once)
     poll = [await timed(watcher.poll_once) for _ in range(polls)]
-    jobs = [await timed(sched.list_jobs) for _ in range(polls)]
+    jobs = [await timed(sched.list_jobs_brief) for _ in range(polls)]
+    jobs_json = [await timed(sched.list_jobs) for _ in range(polls)]
     nodes = [await timed(sched.list_nodes) for _ in range(polls)]
     real = Sampler(bs.procs["watch"].pid)
     real.start()
@@ -316,6 +318,8 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
         "poll_cpu_ms_p50": pct([p[1] for p in poll], 50) * 1000,
         "squeue_ms_p50": pct([p[0] for p in jobs], 50) * 1000,
         "squeue_cpu_ms_p50": pct([p[1] for p in jobs], 50) * 1000,
+        "squeue_json_ms_p50": pct([p[0] for p in jobs_json], 50) * 1000,
+        "squeue_json_cpu_ms_p50": pct([p[1] for p in jobs_json], 50) * 1000,
         "sinfo_ms_p50": pct([p[0] for p in nodes], 50) * 1000,
         "watch_process": real_cpu,
         "polls": polls,

@@ -51,16 +51,19 @@ def job_processes(
     return found
 
 
-def kill_node(
-    layout: SlurmLayout, node: str, *, job_id: str | None = None, kernel_log: Path | None = None
-) -> int:
-    """Kill the node's slurmd and its job processes with SIGKILL; append an Xid 79 line to its
-    kernel-log source when given. Returns how many processes were killed."""
+def node_processes(layout: SlurmLayout, node: str, job_id: str | None = None) -> list[int]:
+    """The pids :func:`kill_node` kills: the node's slurmd and its (or one job's) processes.
+    Finding them scans /proc, which takes a while with thousands of processes."""
     victims: list[int] = []
     pid = slurmd_pid(layout, node)
     if pid:
         victims.append(pid)
-    victims += [p.pid for p in job_processes(layout, node, job_id)]
+    return victims + [p.pid for p in job_processes(layout, node, job_id)]
+
+
+def kill_pids(node: str, victims: list[int], *, kernel_log: Path | None = None) -> int:
+    """SIGKILL ``victims`` at once, then append an Xid 79 line to ``node``'s kernel-log source
+    when given. Returns how many processes were killed."""
     for v in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(v, signal.SIGKILL)
@@ -69,3 +72,11 @@ def kill_node(
         with open(kernel_log, "a") as fh:
             fh.write(xid79_line(node))
     return len(victims)
+
+
+def kill_node(
+    layout: SlurmLayout, node: str, *, job_id: str | None = None, kernel_log: Path | None = None
+) -> int:
+    """Kill the node's slurmd and its job processes with SIGKILL; append an Xid 79 line to its
+    kernel-log source when given. Returns how many processes were killed."""
+    return kill_pids(node, node_processes(layout, node, job_id), kernel_log=kernel_log)

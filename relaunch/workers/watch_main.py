@@ -7,14 +7,30 @@ import asyncio
 import logging
 import signal
 
+from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.recovery import Detection
+from relaunch.models.scheduler import Job, Node
 from relaunch.workers import recovery_client
 from relaunch.workers.watcher import WatchConfig, Watcher
 from relaunch.workers.worker import connect
 
 log = logging.getLogger("relaunch.watch")
+
+
+class BriefListing:
+    """The watcher's view of a scheduler: the cheap job listing (squeue's text format) for its
+    polls; nodes as they are."""
+
+    def __init__(self, scheduler: SlurmCli) -> None:
+        self._scheduler = scheduler
+
+    async def list_jobs(self) -> list[Job]:
+        return await self._scheduler.list_jobs_brief()
+
+    async def list_nodes(self) -> list[Node]:
+        return await self._scheduler.list_nodes()
 
 
 def watch_config(config: ClusterConfig) -> WatchConfig:
@@ -46,7 +62,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
             det.kind,
         )
 
-    watcher = Watcher(watch_config(config), scheduler, on_detection)
+    watcher = Watcher(watch_config(config), BriefListing(scheduler), on_detection)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

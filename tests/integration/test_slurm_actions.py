@@ -4,8 +4,10 @@ resubmission, hold/release, cancel — each idempotent and verified."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
+from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.cli import LINEAGE_KEY, SlurmCli
 from relaunch.models.scheduler import JobState
 from tests.conftest import sbatch
@@ -142,3 +144,77 @@ async def test_hold_release_cancel_are_idempotent(
         await asyncio.sleep(0.25)
     assert (await scheduler.get_job(job_id)).state is JobState.CANCELLED
     assert not (await scheduler.cancel_job(job_id)).changed
+
+
+BRIEF_SAME = [
+    "job_id",
+    "name",
+    "user",
+    "state",
+    "reason",
+    "exit_code",
+    "partition",
+    "nodes",
+    "node_count",
+    "batch_host",
+    "restart_count",
+    "requeue_allowed",
+    "comment",
+    "stdout_path",
+    "stderr_path",
+    "work_dir",
+    "command",
+    "num_tasks",
+    "time_limit_minutes",
+    "submit_time",
+    "end_time",
+]
+
+
+async def test_the_watchers_brief_listing_equals_the_json_listing(
+    scheduler: SlurmCli, slurm_env: dict[str, str], workdir: Path
+) -> None:
+    """The watcher polls with squeue's text format (far cheaper at 10,000 jobs); for every field
+    it carries, it must say what `squeue --json` says — running, failed, held, array jobs, and a
+    comment full of characters a shell or a parser could trip on."""
+    out = f"--output={workdir}/b-%j-%x.out"
+    ids = [
+        sbatch(slurm_env, "-N", "1", out, "--requeue", "--time=1-02:03:00", "--wrap=sleep 30"),
+        sbatch(slurm_env, "-N", "1", out, "--wrap=exit 3"),
+        sbatch(
+            slurm_env,
+            "--hold",
+            "-J",
+            "odd name",
+            out,
+            "--comment=relaunch=on,x=a b|c;$(d)",
+            "--wrap=true",
+        ),
+        sbatch(slurm_env, "--hold", "--array=1-2", "-J", "arr", "--wrap=true"),
+    ]
+    # The job that exits 3 is FAILED, and the first one is RUNNING, before comparing.
+    for _ in range(120):
+        states = {j.job_id: j.state for j in await scheduler.list_jobs()}
+        if states.get(ids[1]) is JobState.FAILED and states.get(ids[0]) is JobState.RUNNING:
+            break
+        await asyncio.sleep(0.25)
+    text = subprocess.run(
+        ["squeue", "--states=all", "--noheader", f"--Format={parse.BRIEF_FORMAT}"],
+        env={**slurm_env, "SLURM_TIME_FORMAT": "%s"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert parse.jobs_from_brief(text) is not None  # read as text, not through the fallback
+    brief = {j.job_id: j for j in await scheduler.list_jobs_brief()}
+    full = {j.job_id: j for j in await scheduler.list_jobs()}
+    assert brief.keys() == full.keys()
+    assert {ids[0], ids[1], ids[2]} <= brief.keys()
+    assert brief[ids[1]].exit_code.code == 3 and brief[ids[0]].time_limit_minutes == 1563
+    assert brief[ids[2]].comment == "relaunch=on,x=a b|c;$(d)"
+    for job_id, job in full.items():
+        assert {k: getattr(brief[job_id], k) for k in BRIEF_SAME} == {
+            k: getattr(job, k) for k in BRIEF_SAME
+        }, job_id
+    for job_id in ids:
+        await scheduler.cancel_job(job_id)

@@ -1,6 +1,7 @@
 """The parsers over recorded Slurm 22.05 output (tests/fixtures/slurm, see record.sh there) and
 over the documented shapes of newer slurmrestd/squeue versions."""
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -8,6 +9,8 @@ from typing import Any
 import pytest
 
 from relaunch.connectors.slurm import parse
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.models import names
 from relaunch.models.errors import SchedulerError
 from relaunch.models.scheduler import ExitCode, Job, JobState, Node, NodeState
@@ -374,3 +377,77 @@ def test_node_state_parse(text: str | None, state: NodeState) -> None:
 @pytest.mark.parametrize(("text", "code"), [("1:0", "1:0"), ("0:9", "0:9"), ("bad", "0:0")])
 def test_exit_code_parse(text: str, code: str) -> None:
     assert str(ExitCode.parse(text)) == code
+
+
+def brief_line(**values: str) -> str:
+    fields = dict.fromkeys(parse.BRIEF_FIELDS, "")
+    fields.update(
+        JobID="42", ArrayJobID="42", ArrayTaskID="N/A", State="RUNNING", exit_code="0",
+        NumNodes="2", RestartCnt="1", Requeue="1", NumTasks="2", TimeLimit="30:00",
+        EndTime="N/A", SubmitTime="1796238546",
+    )  # fmt: skip
+    fields.update(values)
+    return "".join(v + parse.BRIEF_SEPARATOR for v in fields.values())
+
+
+def test_the_brief_listing_reads_squeues_text_format() -> None:
+    (job,) = parse.jobs_from_brief(
+        brief_line(NodeList="n[1-2]", exit_code="768", Comment="relaunch=on", STDOUT="o-%j.out")
+        + "\n"
+    ) or [None]
+    assert job is not None
+    assert (job.job_id, job.state, job.nodes, job.restart_count) == (
+        "42",
+        JobState.RUNNING,
+        ["n1", "n2"],
+        1,
+    )
+    assert job.exit_code == ExitCode(code=3) and job.requeue_allowed and job.num_tasks == 2
+    assert job.time_limit_minutes == 30 and job.end_time is None
+    assert job.submit_time == datetime.fromtimestamp(1796238546, tz=UTC)
+    assert job.comment_fields == {"relaunch": "on"} and job.stdout_path.endswith("o-42.out")
+    assert parse.jobs_from_brief("") == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        brief_line(Comment="a" + parse.BRIEF_SEPARATOR + "b"),  # the separator in a comment
+        brief_line(Comment="line one\nline two"),  # a newline in a comment
+        brief_line(JobID="not-a-number"),
+    ],
+)
+def test_a_brief_listing_that_does_not_parse_is_refused_whole(text: str) -> None:
+    assert parse.jobs_from_brief(brief_line() + "\n" + text) is None
+
+
+@pytest.mark.parametrize(
+    ("limit", "minutes"),
+    [("UNLIMITED", None), ("30:00", 30), ("1:00:00", 60), ("1-02:03:00", 1563)],
+)
+def test_time_limits_in_minutes(limit: str, minutes: int | None) -> None:
+    assert parse._minutes(limit) == minutes
+
+
+class ListingRunner:
+    """Answers squeue: the text listing as given, the JSON listing from a recorded fixture."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.argvs = text, list[tuple[str, ...]]()
+
+    async def run(
+        self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 30.0
+    ) -> CommandResult:
+        self.argvs.append(tuple(argv))
+        out = (FIXTURES / "squeue_running.json").read_text() if "--json" in argv else self.text
+        return CommandResult(tuple(argv), 0, out, "", 0.0)
+
+
+async def test_the_brief_listing_falls_back_to_json_when_it_does_not_parse() -> None:
+    good = ListingRunner(brief_line() + "\n")
+    assert [j.job_id for j in await SlurmCli(runner=good).list_jobs_brief()] == ["42"]
+    assert len(good.argvs) == 1 and good.argvs[0][:3] == ("env", "SLURM_TIME_FORMAT=%s", "squeue")
+    odd = ListingRunner(brief_line(Comment="x\ny") + "\n")
+    listed = await SlurmCli(runner=odd).list_jobs_brief()
+    assert {j.job_id for j in listed} == set(jobs("squeue_running"))
+    assert odd.argvs[-1] == ("squeue", "--json")

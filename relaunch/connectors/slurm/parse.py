@@ -161,6 +161,104 @@ def job_from_json(raw: dict[str, Any]) -> Job:
     )
 
 
+# ``squeue --Format`` fields for a brief listing (what the watcher needs; no excluded nodes),
+# each printed unpadded and followed by a separator no job name or comment is expected to hold.
+# A line that does not split into exactly these fields makes the whole listing unusable, and the
+# caller falls back to the JSON listing. Times come as epoch seconds (SLURM_TIME_FORMAT=%s).
+BRIEF_SEPARATOR = "\x1f"
+BRIEF_FIELDS = (
+    "JobID",
+    "ArrayJobID",
+    "ArrayTaskID",
+    "Name",
+    "UserName",
+    "State",
+    "Reason",
+    "exit_code",
+    "Partition",
+    "NodeList",
+    "NumNodes",
+    "BatchHost",
+    "RestartCnt",
+    "Requeue",
+    "Comment",
+    "STDOUT",
+    "STDERR",
+    "WorkDir",
+    "Command",
+    "NumTasks",
+    "TimeLimit",
+    "SubmitTime",
+    "EligibleTime",
+    "StartTime",
+    "EndTime",
+)
+BRIEF_FORMAT = ",".join(f"{name}:0{BRIEF_SEPARATOR}" for name in BRIEF_FIELDS)
+
+
+def _minutes(limit: str) -> int | None:
+    """squeue's time limit (``UNLIMITED``, ``30:00``, ``1-00:00:00``) in minutes."""
+    if not limit or limit in _NULLS or limit in {"UNLIMITED", "INFINITE"}:
+        return None
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")] if rest else []
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts[-3:]
+    return (int(days or 0) * 24 + hours) * 60 + minutes + (1 if seconds else 0)
+
+
+def _count(value: str) -> int | None:
+    """A number in squeue's text; Slurm's NO_VAL/INFINITE markers (0xfffffffe/f) are unset."""
+    number = _number(value)
+    return None if number is None or number >= 0xFFFFFFFE else number
+
+
+def jobs_from_brief(text: str) -> list[Job] | None:
+    """Parse ``squeue --states=all --noheader --Format=BRIEF_FORMAT``; None when a line does
+    not have exactly the expected fields (a separator or newline inside a user's text)."""
+    jobs = []
+    for line in text.splitlines():
+        values = line.split(BRIEF_SEPARATOR)
+        if len(values) != len(BRIEF_FIELDS) + 1 or values[-1] != "":
+            return None
+        raw = dict(zip(BRIEF_FIELDS, values, strict=False))
+        try:
+            raw_json: dict[str, Any] = {
+                "job_id": int(raw["JobID"]),
+                "array_job_id": _count(raw["ArrayJobID"]) or 0,
+                "array_task_id": _count(raw["ArrayTaskID"]),
+                "name": raw["Name"],
+                "user_name": raw["UserName"],
+                "job_state": raw["State"],
+                "state_reason": raw["Reason"],
+                "exit_code": _count(raw["exit_code"]) or 0,
+                "partition": raw["Partition"],
+                "nodes": raw["NodeList"],
+                "node_count": _count(raw["NumNodes"]) or 0,
+                "batch_host": raw["BatchHost"],
+                "restart_cnt": _count(raw["RestartCnt"]) or 0,
+                "requeue": raw["Requeue"] == "1",
+                "comment": raw["Comment"],
+                "standard_output": raw["STDOUT"],
+                "standard_error": raw["STDERR"],
+                "current_working_directory": raw["WorkDir"],
+                "command": raw["Command"],
+                "tasks": _count(raw["NumTasks"]) or 0,
+                "time_limit": _minutes(raw["TimeLimit"]),
+                "submit_time": _count(raw["SubmitTime"]),
+                "eligible_time": _count(raw["EligibleTime"]),
+                "start_time": _count(raw["StartTime"]),
+                "end_time": _count(raw["EndTime"]),
+            }
+        except ValueError:
+            return None
+        if raw_json["array_job_id"] == raw_json["job_id"] and raw_json["array_task_id"] is None:
+            raw_json["array_job_id"] = 0  # squeue prints a plain job's own id here
+        jobs.append(job_from_json(raw_json))
+    return jobs
+
+
 def json_errors(data: dict[str, Any]) -> list[str]:
     """The ``errors`` Slurm put in a JSON answer (squeue/sinfo exit 0 even when they fail)."""
     out = []
