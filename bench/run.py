@@ -193,7 +193,11 @@ async def scale_only(args: argparse.Namespace) -> None:
 
 def report_only() -> None:
     """Render REPORT.md again from bench/results/faults-raw.json (no stacks)."""
-    saved = json.loads((RESULTS / "faults-raw.json").read_text())
+    raw = RESULTS / "faults-raw.json"
+    if not raw.exists():
+        print(f"error: {raw} not found: it is written by a run of `make bench`", file=sys.stderr)
+        sys.exit(1)
+    saved = json.loads(raw.read_text())
     meta = saved.get("meta") or {}
     print(
         report.write(RESULTS, saved["runs"], saved["baseline"], saved["burst"], saved["cost"], meta)

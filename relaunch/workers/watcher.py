@@ -150,6 +150,8 @@ class Watcher:
             nodes = {node.name: node for node in await self._scheduler.list_nodes()}
         found: list[Detection] = []
         for job in jobs:
+            if now is None:  # per job, as in read_logs_once
+                wall, clock = datetime.now(UTC), time.monotonic()
             found.extend(self._check_job(job, nodes, wall, clock))
         for gone in set(self._jobs) - {job.job_id for job in jobs}:
             del self._jobs[gone]
@@ -162,10 +164,12 @@ class Watcher:
     def read_logs_once(self, now: datetime | None = None) -> list[Detection]:
         """Between polls: read what watched jobs' logs gained since the last read, without
         asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll)."""
-        wall = now or datetime.now(UTC)
-        clock = wall.timestamp() if now else time.monotonic()
         found: list[Detection] = []
         for watch in self._jobs.values():
+            # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
+            # and a line read late in it must not look detected before it was written.
+            wall = now or datetime.now(UTC)
+            clock = wall.timestamp() if now else time.monotonic()
             poll = Poll(self.config.cluster, watch.job, watch, watch.restart_count, wall, clock)
             self._job_logs(poll)
             self._node_logs(poll)
