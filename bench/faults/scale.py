@@ -22,7 +22,7 @@ import psutil
 
 from bench.faults.common import BenchError, BenchStack, log, now, pct
 from relaunch.connectors.audit import AuditStore
-from relaunch.devstack import faults
+from relaunch.devstack import faults, services
 from relaunch.models.config import WatchSettings
 from relaunch.models.recovery import Mode, Policy
 from relaunch.models.scheduler import JobState
@@ -168,8 +168,12 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     await asyncio.sleep(3)  # the watcher has seen every job running
     worker = Sampler(bs.procs["worker"].pid)
     watcher = Sampler(bs.procs["watch"].pid)
+    temporal_pid = services.temporal_pid(bs.s.temporal_root)
+    temporal = Sampler(temporal_pid) if temporal_pid else None
     worker.start()
     watcher.start()
+    if temporal:
+        temporal.start()
     placed = {j.job_id: j.nodes[0] for j in await sched.list_jobs() if j.job_id in set(ids)}
     # Find every victim first (a scan of /proc takes seconds), then fail the nodes together.
     victims = {node: faults.node_processes(bs.s.slurm, node) for node in failing}
@@ -194,6 +198,7 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     await asyncio.sleep(2)
     cpu_worker = await worker.stop()
     cpu_watcher = await watcher.stop()
+    cpu_temporal = await temporal.stop() if temporal else None
     dets = await all_events(audit, ["detection"])
     acts = await all_events(audit, ["action"])
     stages = await all_events(audit, ["stage"])
@@ -252,6 +257,7 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
         "false_drains": [d for d in drained if d not in failing],
         "worker": cpu_worker,
         "watcher": cpu_watcher,
+        "temporal": cpu_temporal,
         "det_samples": det_s,
         "act_samples": act_s,
     }
