@@ -102,23 +102,12 @@ async def connect(config: ClusterConfig) -> Client:
         ) from exc
 
 
-# Activity slots. The SDK's default, 100, is far too few for a rack failure: each recovery's
-# verify step waits (polling a shared read) for its job to run again, tens of seconds, and with
-# hundreds of recoveries in flight those waits held every slot while other recoveries' drains
-# and requeues queued behind them. The activities are asyncio code waiting on I/O, so a slot
-# costs little.
-MAX_ACTIVITIES = 2000
-MAX_LOCAL_ACTIVITIES = 1000
-
-
 def build_worker(client: Client, deps: Deps, *, queue: str | None = None) -> Worker:
     return Worker(
         client,
         task_queue=queue or task_queue(deps.config.name),
         workflows=WORKFLOWS,
         activities=activities_for(deps),
-        max_concurrent_activities=MAX_ACTIVITIES,
-        max_concurrent_local_activities=MAX_LOCAL_ACTIVITIES,
         graceful_shutdown_timeout=timedelta(seconds=20),
     )
 
@@ -129,7 +118,7 @@ async def run_worker(config: ClusterConfig) -> None:
     # Compile the signature catalogue now (about 2 s with hyperscan), not in the first recovery.
     await asyncio.to_thread(Catalogue.load)
     client = await connect(config)
-    audit = await AuditStore.open(config.database_url, max_size=10)  # many recoveries at once
+    audit = await AuditStore.open(config.database_url)
     deps = Deps(config=config, scheduler=scheduler, audit=audit, log_store=log_store)
     worker = build_worker(client, deps)
     stop = asyncio.Event()
