@@ -193,6 +193,19 @@ def findings(rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
     if scale and scale["action_p95"] > 5:
         w = scale["worker"]
         per = w["cpu_s"] / max(scale["jobs"], 1)
+        since = scale.get("since_detection") or {}
+        iso, acting = since.get("stage:isolating"), since.get("stage:acting")
+        slots_txt = (
+            f"Between `isolating` (p50 {iso['p50']:.0f} s) and `acting` (p50 "
+            f"{acting['p50']:.0f} s) recoveries also wait for activity slots: the worker runs "
+            "at most 100 activities at once (the SDK's default), and every verify step holds "
+            "one for the tens of seconds its job takes to restart. With 2000 slots (tried in a "
+            "scale-only run) every action started at once, the worker's event loop starved "
+            "them, they missed their 15 s heartbeats and restarts failed after 5 attempts, so "
+            "the limit stays. "
+            if iso and acting
+            else ""
+        )
         t = scale.get("temporal")
         temporal_txt = (
             f"{t['cpu_s']:.0f} CPU-s (mean {t['cpu_pct_mean']:.0f} % of a core)"
@@ -214,14 +227,18 @@ def findings(rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
             "and, in the full run, the Slurm-alone stack's runs going on at the same time, both "
             "cores are busy until the burst is through. The order does not "
             "change the total: the last recoveries act about a burst's worth of CPU-seconds "
-            "after the first. Done to get here (the previous full run, git 445556a, measured "
+            "after the first. "
+            + slots_txt
+            + "Done to get here (the previous full run, git 445556a, measured "
             "detection p50 45.8 s / p95 90.8 s and detection → action p50 150.4 s / p95 "
             "240.4 s): the watcher hands detections over in parallel and beside its polling; "
             "the quick steps of a recovery (audit records, evidence, attribution, planning) "
             "are local activities (a recovery's history went from 111 events with 16 "
             "activity dispatches to 58 with 3); the dev server's SQLite uses WAL without an "
             "fsync per commit; the worker compiles the signature catalogue at start. What "
-            "would close it: more worker processes or cores (activities spread across "
+            "would close it: verify as short checks from the workflow with a durable timer "
+            "between them, so no slot is held while a job restarts; more worker processes or "
+            "cores (activities spread across "
             "workers on the task queue) and a production Temporal instead of the SQLite dev "
             "server; or one decision for a correlated failure (a node-level recovery that "
             "drains the node once and requeues its jobs in bulk) — a change to the "

@@ -135,15 +135,25 @@ async def test_hold_release_cancel_are_idempotent(
     assert released.changed
     assert not (await scheduler.get_job(job_id)).held
     cancelled = await scheduler.cancel_job(job_id)
-    assert cancelled.changed
-    # Verified once Slurm has ended it; a running job is COMPLETING until its epilog is done.
-    assert cancelled.after.split()[0] in {"CANCELLED", "COMPLETING"}
-    for _ in range(240):
-        if (await scheduler.get_job(job_id)).state is JobState.CANCELLED:
-            break
-        await asyncio.sleep(0.25)
+    assert cancelled.changed and cancelled.after.startswith("CANCELLED")
     assert (await scheduler.get_job(job_id)).state is JobState.CANCELLED
     assert not (await scheduler.cancel_job(job_id)).changed
+
+
+async def test_cancel_during_a_requeue_ends_the_job_for_good(
+    scheduler: SlurmCli, slurm_env: dict[str, str], workdir: Path
+) -> None:
+    """A requeued job is COMPLETING on its way back to PENDING: a cancel then must not take
+    COMPLETING for an end, or the job runs again."""
+    job_id = sbatch(
+        slurm_env, "-N", "1", "--requeue", f"--output={workdir}/q-%j.out", "--wrap=sleep 60"
+    )
+    await wait_job(scheduler, job_id, JobState.RUNNING)
+    subprocess.run(["scontrol", "requeue", job_id], env=slurm_env, check=True, timeout=30)
+    cancelled = await scheduler.cancel_job(job_id)
+    assert cancelled.changed and cancelled.after.startswith("CANCELLED")
+    await asyncio.sleep(3)  # it stays ended
+    assert (await scheduler.get_job(job_id)).state is JobState.CANCELLED
 
 
 BRIEF_SAME = [

@@ -97,11 +97,7 @@ async def test_reads_match_the_cli_and_hold_release_cancel_go_over_rest(
         assert not (await scheduler.get_job(pending)).held
         assert not (await sched.release_job(pending)).changed
         cancelled = await sched.cancel_job(running)
-        assert cancelled.changed and cancelled.after.startswith(("CANCELLED", "COMPLETING"))
-        for _ in range(240):  # a running job is COMPLETING until its epilog is done
-            if (await scheduler.get_job(running)).state.is_terminal:
-                break
-            await asyncio.sleep(0.25)
+        assert cancelled.changed and cancelled.after.startswith("CANCELLED")
         assert (await scheduler.get_job(running)).state.is_terminal
         assert not (await sched.cancel_job(running)).changed
 

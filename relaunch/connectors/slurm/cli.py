@@ -36,6 +36,7 @@ from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeSta
 
 LINEAGE_KEY = "relaunch_parent"
 log = logging.getLogger(__name__)
+CANCEL_WAIT_S = 60.0  # how long a cancelled job may stay COMPLETING (its epilog)
 T = TypeVar("T")
 
 
@@ -77,11 +78,16 @@ class SlurmCli:
         return result
 
     async def _until(
-        self, read: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str
+        self,
+        read: Callable[[], Awaitable[T]],
+        done: Callable[[T], bool],
+        what: str,
+        *,
+        timeout: float | None = None,
     ) -> T:
         """Poll a fresh read until ``done`` holds or the verify timeout passes."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._verify_timeout
+        deadline = loop.time() + (self._verify_timeout if timeout is None else timeout)
         delay = 0.05
         while True:
             value = await read()
@@ -342,21 +348,28 @@ class SlurmCli:
 
     async def cancel_job(self, job_id: str) -> ActionResult:
         job_id = names.job_id(job_id)
-        before = await self.get_job(job_id)
-        if before.state.is_terminal or before.state is JobState.COMPLETING:
+        # COMPLETING is not always an end: a requeued job passes through it on its way back to
+        # PENDING. So a cancel waits it out first, and is verified only by a terminal state.
+        # Both waits allow for a loaded node's epilog, which can take well over 10 s.
+        wait = max(self._verify_timeout, CANCEL_WAIT_S)
+        before = await self._until(
+            lambda: self.get_job(job_id),
+            lambda j: j.state is not JobState.COMPLETING,
+            f"job {job_id} to finish completing",
+            timeout=wait,
+        )
+        if before.state.is_terminal:
             return self._job_result(
                 "cancel", before, before, changed=False, note=f"already {before.state.value}"
             )
         await self._send_cancel(job_id)
-        # A cancelled job that was running stays COMPLETING until its nodes have cleaned up
-        # (its epilog; seconds on a loaded node): Slurm has ended it, so that counts as done.
         after = await self._until(
             lambda: self.get_job(job_id),
-            lambda j: j.state.is_terminal or j.state is JobState.COMPLETING,
+            lambda j: j.state.is_terminal,
             f"cancel {job_id}",
+            timeout=wait,
         )
-        note = "ending (COMPLETING)" if after.state is JobState.COMPLETING else ""
-        return self._job_result("cancel", before, after, changed=True, note=note)
+        return self._job_result("cancel", before, after, changed=True)
 
     async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult:
         """Submit the job's batch script again as a new job, with the same shape and the
