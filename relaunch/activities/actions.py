@@ -74,6 +74,12 @@ class ActionActivities:
         sched, plan = self.deps.scheduler, inp.plan
         activity.heartbeat("restart")
         job = await sched.get_job(plan.job_id)
+        if job.state is JobState.CANCELLED and not await self._cancelled_here(inp.incident_id):
+            # Someone cancelled the job after this recovery began (a scancel is seen in the
+            # log before Slurm lists the job CANCELLED): a restart would undo their decision.
+            raise InvalidStateError(
+                f"job {job.job_id} was cancelled after this recovery began; it is not restarted"
+            )
         if plan.restart_method is RestartMethod.RESUBMIT:
             if job.state.is_active:
                 await self._audit_action(
@@ -95,6 +101,11 @@ class ActionActivities:
         if plan.exclude_nodes:
             detail += "; " + await self._exclude_when_pending(inp, job.job_id)
         return StepOutcome(ok=True, changed=result.changed, detail=detail)
+
+    async def _cancelled_here(self, incident_id: str) -> bool:
+        """Whether this recovery cancelled the job itself (to resubmit it)."""
+        events = await self.deps.audit.events(incident_id)
+        return any(e.kind == "action" and e.data.get("step") == "cancel" for e in events)
 
     async def _exclude_when_pending(self, inp: ActInput, job_id: str) -> str:
         """Exclude the culprits from the requeued job. The adapter waits out the moment the

@@ -90,6 +90,14 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     roots = [f for f in found.by_role(Role.ROOT) if not _pointer(f, found)]
     if state == "CANCELLED":
         return _verdict(Category.USER_CANCEL, [], 0.95, _first(roots, "slurm_"), "job cancelled")
+    # scancel shows in the job's log at once, while Slurm may still list the job RUNNING or
+    # COMPLETING for a moment: a cancel of the whole job (not a step: srun kills a step the same
+    # way after a bad exit) is the user's, whatever its dying ranks print after it.
+    job_cancels = [
+        f for f in roots if f.signature == "slurm_cancelled" and _JOB_CANCEL.search(f.match.text)
+    ]
+    if job_cancels and state in ("", "RUNNING", "COMPLETING", "CANCELLED"):
+        return _verdict(Category.USER_CANCEL, [], 0.9, job_cancels[:3], "job cancelled (scancel)")
     if state == "PREEMPTED":
         return _verdict(Category.PREEMPTION, [], 0.95, _first(roots, "slurm_"), "job preempted")
 
@@ -305,6 +313,9 @@ def _apply_reputation(
 def _order(f: Finding) -> tuple[float, int]:
     """Time order when the line states a time, else log order."""
     return (f.time.timestamp() if f.time else float("inf"), f.match.line_no)
+
+
+_JOB_CANCEL = re.compile(r"\*\*\* JOB \S+ (?:ON \S+ )?CANCELLED(?: AT \S+)? \*\*\*")
 
 
 def _first(findings: list[Finding], prefix: str) -> list[Finding]:

@@ -333,3 +333,26 @@ async def test_exhausted_restart_budget_holds(make_harness: MakeHarness) -> None
     assert any("restart_budget: REFUSED" in g.summary for g in guards)
     assert (await h.sched.get_job(job_id)).restart_count == 0
     assert status.plan is not None and status.plan.action.value == "hold"
+
+
+async def test_a_job_cancelled_while_awaiting_approval_is_not_restarted(
+    make_harness: MakeHarness,
+) -> None:
+    """The user gives up on the job (scancel) while the recommendation waits: an approval
+    that comes later must not bring the job back."""
+    h = make_harness(Policy(mode=Mode.MONITOR, verify_timeout_s=60))
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    h.inject_xid(nodes[0])
+    incident = h.incident(job_id)
+    await h.wait_stage(incident, {Stage.AWAITING_APPROVAL}, timeout=60)
+    env = {**os.environ, **h.stack.slurm_env}
+    subprocess.run(["scancel", job_id], env=env, check=True, timeout=30)
+    await wait_job(h.sched, job_id, JobState.CANCELLED, timeout=60)
+    await h.handle(incident).signal(RecoveryWorkflow.approve, Approval(by="ana"))
+    status = await h.wait_stage(incident, {Stage.DONE, Stage.FAILED}, timeout=120)
+    assert status.stage is Stage.FAILED and "cancelled after this recovery began" in status.outcome
+    job = await h.sched.get_job(job_id)
+    assert job.state is JobState.CANCELLED and job.restart_count == 0
+    assert not [e for e in await h.events(incident, "action") if e.data.get("step") == "restart"]

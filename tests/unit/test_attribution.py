@@ -107,3 +107,23 @@ def test_cancelled_job_is_a_user_cancel_whatever_its_log_says(tmp_path: Path) ->
     log = "srun: error: n4: task 1: Killed\n" + GLOO + "\n"
     v = attribute_bundle(read_bundle(bundle(tmp_path, log, state="CANCELLED")))
     assert v.category is Category.USER_CANCEL and v.action.value == "none"
+
+
+def test_a_scancel_in_the_log_is_the_users_before_slurm_lists_the_job_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Evidence gathered right after a scancel can still see the job RUNNING; its dying ranks'
+    connection errors must not turn the user's cancel into a network failure to restart."""
+    log = (
+        "0: step=20 loss=0.4\n"
+        "slurmstepd: error: *** JOB 21 ON n3 CANCELLED AT 2026-12-02T20:19:37 ***\n"
+        "srun: error: n4: task 1: Killed\n" + GLOO + "\n"
+    )
+    for state in ("RUNNING", "COMPLETING"):
+        v = attribute_bundle(read_bundle(bundle(tmp_path / state, log, state=state)))
+        assert v.category is Category.USER_CANCEL and v.action.value == "none", state
+        assert v.culprit_nodes == []
+    # A step cancelled by srun after a rank's bad exit looks alike but is no user's cancel.
+    step = log.replace("*** JOB 21 ON n3", "*** STEP 21.0 ON n3")
+    v = attribute_bundle(read_bundle(bundle(tmp_path / "step", step, state="RUNNING")))
+    assert v.category is not Category.USER_CANCEL
