@@ -98,7 +98,12 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     ]
     if job_cancels and state in ("", "RUNNING", "COMPLETING", "CANCELLED"):
         return _verdict(Category.USER_CANCEL, [], 0.9, job_cancels[:3], "job cancelled (scancel)")
-    if state == "PREEMPTED":
+    # Likewise Slurm's preemption line comes before the state settles (and a requeued job is
+    # soon PENDING again): the line decides, not the momentary state.
+    preempted = [f for f in roots if f.signature == "slurm_preemption"]
+    if state == "PREEMPTED" or (
+        preempted and state in ("", "RUNNING", "COMPLETING", "PENDING", "REQUEUED")
+    ):
         return _verdict(Category.PREEMPTION, [], 0.95, _first(roots, "slurm_"), "job preempted")
 
     stalled = _stalled(bundle)

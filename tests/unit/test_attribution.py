@@ -127,3 +127,17 @@ def test_a_scancel_in_the_log_is_the_users_before_slurm_lists_the_job_cancelled(
     step = log.replace("*** JOB 21 ON n3", "*** STEP 21.0 ON n3")
     v = attribute_bundle(read_bundle(bundle(tmp_path / "step", step, state="RUNNING")))
     assert v.category is not Category.USER_CANCEL
+
+
+def test_a_preemption_line_decides_before_slurm_lists_the_job_preempted(tmp_path: Path) -> None:
+    """Seen in the benchmark: evidence read while the preempted job was still RUNNING was taken
+    for a hang and its node drained."""
+    log = (
+        "0: step=20 loss=0.4\n"
+        "slurmstepd: error: *** JOB 21 ON n3 CANCELLED AT 2026-12-02T20:36:50 DUE TO "
+        "PREEMPTION ***\n" + GLOO + "\n"
+    )
+    for state in ("RUNNING", "COMPLETING", "PENDING"):
+        v = attribute_bundle(read_bundle(bundle(tmp_path / state, log, state=state)))
+        assert v.category is Category.PREEMPTION and v.action.value == "none", state
+        assert v.culprit_nodes == []
