@@ -101,6 +101,15 @@ class SlurmCli:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
+    async def _past_completing(self, job_id: str, *, timeout: float | None = None) -> Job:
+        """The job once it is no longer COMPLETING (after a requeue, or while its epilog runs)."""
+        return await self._until(
+            lambda: self.get_job(job_id),
+            lambda j: j.state is not JobState.COMPLETING,
+            f"job {job_id} to finish completing",
+            timeout=timeout,
+        )
+
     async def _json(self, argv: Sequence[str]) -> dict[str, Any]:
         """Run a ``--json`` read. Slurm 22.05 exits 0 and reports failures inside the JSON, so
         its ``errors`` are checked, and ``scontrol ping`` tells a dead controller apart."""
@@ -321,11 +330,7 @@ class SlurmCli:
         job_id = names.job_id(job_id)
         wanted = [names.node_name(n) for n in nodes]
         # Right after a requeue the job is COMPLETING for a moment before it is pending again.
-        before = await self._until(
-            lambda: self.get_job(job_id),
-            lambda j: j.state is not JobState.COMPLETING,
-            f"job {job_id} to finish completing",
-        )
+        before = await self._past_completing(job_id)
         missing = [n for n in wanted if n not in before.excluded_nodes]
         if not missing:
             return self._job_result(
@@ -352,12 +357,7 @@ class SlurmCli:
         # PENDING. So a cancel waits it out first, and is verified only by a terminal state.
         # Both waits allow for a loaded node's epilog, which can take well over 10 s.
         wait = max(self._verify_timeout, CANCEL_WAIT_S)
-        before = await self._until(
-            lambda: self.get_job(job_id),
-            lambda j: j.state is not JobState.COMPLETING,
-            f"job {job_id} to finish completing",
-            timeout=wait,
-        )
+        before = await self._past_completing(job_id, timeout=wait)
         if before.state.is_terminal:
             return self._job_result(
                 "cancel", before, before, changed=False, note=f"already {before.state.value}"
