@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -159,6 +159,7 @@ class Watcher:
         self.stats.watched_jobs = len(jobs)
         self.stats.detections += len(found)
         self.stats.last_poll_s = time.monotonic() - started
+        self._slow_pass("poll", self.stats.last_poll_s)
         return found
 
     def read_logs_once(self, now: datetime | None = None) -> list[Detection]:
@@ -187,16 +188,25 @@ class Watcher:
         # Handing detections to Temporal runs beside the polling: a slow handover (a burst, a
         # loaded server) never delays reading the next log line.
         handover = asyncio.create_task(self._deliver_until(stop, pending, found))
+        # So does the scheduler's listing: while squeue is slow (a busy controller, thousands
+        # of jobs), logs are still read every log_interval_s. A poll's own pass over the jobs
+        # and a log pass never interleave: both run between awaits, on this loop.
+        poll: asyncio.Task[list[Detection]] | None = None
+        stopped = asyncio.create_task(stop.wait())
         next_poll = 0.0
         try:
             while not stop.is_set():
-                started = time.monotonic()
                 try:
-                    if started >= next_poll:
-                        next_poll = started + self.config.poll_interval_s
-                        new = await self.poll_once()
+                    if poll is None and time.monotonic() >= next_poll:
+                        next_poll = time.monotonic() + self.config.poll_interval_s
+                        poll = asyncio.create_task(self.poll_once())
+                    if poll is not None and poll.done():
+                        done, poll = poll, None
+                        new = done.result()
                     else:
+                        began = time.monotonic()
                         new = self.read_logs_once()
+                        self._slow_pass("log read", time.monotonic() - began)
                     if new:
                         pending.extend(new)
                         found.set()
@@ -208,10 +218,23 @@ class Watcher:
                 while len(pending) > self.config.max_pending:
                     dropped = pending.popleft()
                     logger.error("dropping undelivered detection", extra=_fields(dropped))
-                wake = min(next_poll, time.monotonic() + self.config.log_interval_s)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=max(0.0, wake - time.monotonic()))
+                wake = time.monotonic() + self.config.log_interval_s
+                if poll is None:
+                    wake = min(wake, next_poll)
+                waits: set[asyncio.Future[Any]] = {stopped}
+                if poll is not None:
+                    waits.add(poll)  # its result is handled as soon as it comes
+                await asyncio.wait(
+                    waits,
+                    timeout=max(0.0, wake - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         finally:
+            for task in (poll, stopped):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             found.set()  # a last handover of what is pending, then stop
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(handover, timeout=10)
@@ -231,6 +254,14 @@ class Watcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(found.wait(), timeout=self.config.poll_interval_s)
                 found.set()
+
+    def _slow_pass(self, what: str, took: float) -> None:
+        """Say so when one pass over the watched jobs takes longer than a second: detections
+        are that much later (too many jobs for one watcher, or a starved machine)."""
+        if took > 1.0:
+            logger.warning(
+                "%s over %d jobs took %.1fs", what, len(self._jobs), took, extra={"took_s": took}
+            )
 
     def _failed(self, exc: Exception, *, retryable: bool) -> None:
         self.stats.errors += 1

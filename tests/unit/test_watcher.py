@@ -454,6 +454,54 @@ async def test_a_slow_handover_does_not_hold_up_detection(
     assert sorted(delivered) == ["job_state:FAILED", "signature:cuda_ecc"]
 
 
+async def test_a_slow_scheduler_listing_does_not_hold_up_log_reading(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    """squeue taking seconds (a busy controller, thousands of jobs) must not delay reading a
+    watched job's log: a line appended while a listing is in flight is found within a log
+    interval, and the listing's result is still used when it comes."""
+    slow = asyncio.Event()
+    listing = scheduler.list_jobs
+
+    async def slow_listing() -> list[Job]:
+        jobs = await listing()
+        if scheduler.calls["list_jobs"] > 1:
+            await slow.wait()  # the second listing hangs until released
+        return jobs
+
+    scheduler.list_jobs = slow_listing  # type: ignore[method-assign]
+    delivered: list[str] = []
+
+    async def deliver(detection: Detection) -> None:
+        delivered.append(detection.kind)
+
+    stop = asyncio.Event()
+    config = WatchConfig(cluster="dev", poll_interval_s=0.05, log_interval_s=0.02)
+    watcher = Watcher(config, scheduler, deliver)
+    running = asyncio.create_task(watcher.run(stop))
+    for _ in range(200):
+        if scheduler.calls["list_jobs"] >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert scheduler.calls["list_jobs"] == 2 and watcher.stats.polls == 1  # one stuck poll
+    append(log, "0: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    for _ in range(100):
+        if delivered:
+            break
+        await asyncio.sleep(0.01)
+    assert delivered == ["signature:cuda_ecc"] and watcher.stats.polls == 1
+    scheduler.set_job(state=JobState.FAILED)
+    slow.set()  # the stuck listing returns; later ones are quick
+    for _ in range(200):
+        if "job_state:FAILED" in delivered:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+    assert delivered == ["signature:cuda_ecc", "job_state:FAILED"]
+    assert watcher.stats.polls >= 2
+
+
 async def test_a_failed_handover_keeps_the_rest_pending_in_order(
     scheduler: FakeScheduler,
 ) -> None:
