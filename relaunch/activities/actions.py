@@ -12,7 +12,7 @@ from pathlib import Path
 
 from temporalio import activity
 
-from relaunch.activities.deps import Deps, typed_errors
+from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
 from relaunch.models.errors import InvalidStateError, VerificationError
 from relaunch.models.recovery import ActInput, RestartMethod, StepOutcome, VerifyInput
 from relaunch.models.scheduler import ActionResult, JobState
@@ -42,13 +42,14 @@ class ActionActivities:
 
     @activity.defn(name="isolate")
     @typed_errors
+    @keeps_heartbeating
     async def isolate(self, inp: ActInput) -> StepOutcome:
         sched, plan = self.deps.scheduler, inp.plan
         reason = drain_reason(inp.incident_id)
         notes = []
         changed = False
         for node in plan.drain_nodes:
-            activity.heartbeat(f"drain {node}")
+            beat(f"drain {node}")
             result = await sched.drain_node(node, reason)
             if not result.changed and result.note.endswith(reason):
                 # Drained by this incident in an attempt that died before recording it (a
@@ -61,7 +62,7 @@ class ActionActivities:
             changed |= result.changed
             notes.append(f"{node}: {'drained' if result.changed else result.note}")
         for node in plan.fence_nodes:
-            activity.heartbeat(f"fence {node}")
+            beat(f"fence {node}")
             result = await sched.fence_node(node, reason + " (slurmd unreachable)")
             await self._audit_action(inp.incident_id, "fence", result)
             changed |= result.changed
@@ -70,9 +71,10 @@ class ActionActivities:
 
     @activity.defn(name="restart")
     @typed_errors
+    @keeps_heartbeating
     async def restart(self, inp: ActInput) -> StepOutcome:
         sched, plan = self.deps.scheduler, inp.plan
-        activity.heartbeat("restart")
+        beat("restart")
         job = await sched.get_job(plan.job_id)
         if job.state is JobState.CANCELLED and not await self._cancelled_here(inp.incident_id):
             # Someone cancelled the job after this recovery began (a scancel is seen in the
@@ -114,7 +116,7 @@ class ActionActivities:
         sched, nodes = self.deps.scheduler, inp.plan.exclude_nodes
         deadline = time.monotonic() + 60
         while True:
-            activity.heartbeat("excluding the culprits from the requeued job")
+            beat("excluding the culprits from the requeued job")
             try:
                 result = await sched.exclude_nodes(job_id, nodes)
             except VerificationError:  # still completing: a node is slow to let go
@@ -131,6 +133,7 @@ class ActionActivities:
 
     @activity.defn(name="hold")
     @typed_errors
+    @keeps_heartbeating
     async def hold(self, inp: ActInput) -> StepOutcome:
         job = await self.deps.scheduler.get_job(inp.plan.job_id)
         if job.state is not JobState.PENDING:
@@ -144,14 +147,15 @@ class ActionActivities:
 
     @activity.defn(name="verify")
     @typed_errors
+    @keeps_heartbeating
     async def verify(self, inp: VerifyInput) -> StepOutcome:
         """The job runs on healthy nodes and, where it prints progress, gets past its checkpoint."""
         sched = self.deps.scheduler
         deadline = time.monotonic() + inp.timeout_s
         while True:
-            job = await sched.get_job(inp.job_id)
+            job = await sched.get_job_brief(inp.job_id)  # polled: the cheap shared listing
             bad = set(job.nodes) & set(inp.avoid_nodes)
-            activity.heartbeat(f"{job.state.value} on {','.join(job.nodes) or '-'}")
+            beat(f"{job.state.value} on {','.join(job.nodes) or '-'}")
             if job.state is JobState.RUNNING and not bad:
                 break
             if job.state.is_terminal:
@@ -192,7 +196,7 @@ class ActionActivities:
                 )
             if time.monotonic() > deadline:
                 raise VerificationError("the restarted job shows no training progress")
-            activity.heartbeat("waiting for progress past the checkpoint")
+            beat("waiting for progress past the checkpoint")
             await asyncio.sleep(1.0)
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import wraps
 from typing import ParamSpec, TypeVar
 
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from relaunch.connectors.audit import AuditStore
@@ -67,5 +71,49 @@ def typed_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             raise ApplicationError(
                 str(exc), type=type(exc).__name__, non_retryable=not exc.retryable
             ) from exc
+
+    return wrapper
+
+
+# What a long action last said it was doing; the heartbeater repeats it.
+_doing: ContextVar[list[str] | None] = ContextVar("relaunch_activity_doing", default=None)
+HEARTBEAT_EVERY_S = 3.0
+
+
+def beat(doing: str) -> None:
+    """Heartbeat now with what the activity is doing (and remember it for the heartbeater)."""
+    said = _doing.get()
+    if said is not None:
+        said[0] = doing
+    activity.heartbeat(doing)
+
+
+def keeps_heartbeating(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Heartbeat every few seconds for as long as the activity runs, not only between steps.
+
+    A step can wait longer than the heartbeat timeout on a loaded cluster (a requeue waiting
+    out COMPLETING, a read queued behind hundreds of others in a burst); without heartbeats
+    then, Temporal times the attempt out and starts another while the first is still acting.
+    The heartbeater lives in the worker process, so a worker that dies still stops beating and
+    the action is retried elsewhere within the heartbeat timeout."""
+
+    @wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        said = [""]  # shared with beat() in this activity, and with the heartbeater's task
+        token = _doing.set(said)
+
+        async def keep_beating() -> None:
+            while True:
+                await asyncio.sleep(HEARTBEAT_EVERY_S)
+                activity.heartbeat(said[0])
+
+        beater = asyncio.create_task(keep_beating())
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            _doing.reset(token)
+            beater.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beater
 
     return wrapper

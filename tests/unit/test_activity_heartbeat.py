@@ -1,0 +1,53 @@
+"""Long actions keep heartbeating while they wait, repeating what they last said they do."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from relaunch.activities import deps
+from relaunch.activities.deps import beat, keeps_heartbeating
+
+
+async def test_an_action_that_waits_keeps_heartbeating(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deps, "HEARTBEAT_EVERY_S", 0.02)
+    seen: list[tuple[object, ...]] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: seen.append(details)
+
+    @keeps_heartbeating
+    async def requeue_on_a_busy_cluster() -> str:
+        beat("requeue 42")
+        await asyncio.sleep(0.15)  # waiting out COMPLETING, longer than the beat interval
+        return "requeued"
+
+    assert await env.run(requeue_on_a_busy_cluster) == "requeued"
+    assert seen[0] == ("requeue 42",)
+    assert len(seen) >= 4  # the explicit beat, then the heartbeater's while it waited
+    assert set(seen) == {("requeue 42",)}
+    count = len(seen)
+    await asyncio.sleep(0.1)
+    assert len(seen) == count  # no heartbeat after the activity ended
+
+
+async def test_the_heartbeater_stops_when_the_action_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(deps, "HEARTBEAT_EVERY_S", 0.01)
+    seen: list[tuple[object, ...]] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: seen.append(details)
+
+    @keeps_heartbeating
+    async def fails() -> None:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("scontrol failed")
+
+    with pytest.raises(RuntimeError, match="scontrol failed"):
+        await env.run(fails)
+    count = len(seen)
+    assert count >= 2
+    await asyncio.sleep(0.05)
+    assert len(seen) == count
