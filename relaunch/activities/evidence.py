@@ -22,6 +22,7 @@ from relaunch.detection.attribution import attribute_bundle, implicated
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.planning import PlanHistory, make_plan
 from relaunch.models.bundle import BundleJob, TelemetrySample
+from relaunch.models.errors import JobNotFoundError
 from relaunch.models.recovery import (
     ActionPlan,
     AttributeInput,
@@ -360,14 +361,20 @@ class EvidenceActivities:
 
     async def _lineage(self, job_id: str) -> list[str]:
         """This job and the jobs it was resubmitted from (relaunch_parent in the comment)."""
-        jobs = {j.job_id: j for j in await self.deps.scheduler.list_jobs()}
-        chain, current = [job_id], jobs.get(job_id)
+        # One job at a time (not a parse of the whole queue per recovery): chains are short.
+        chain, current = [job_id], await self._job_or_none(job_id)
         while current is not None and (parent := current.comment_fields.get(LINEAGE_KEY)):
             if parent in chain:
                 break
             chain.append(parent)
-            current = jobs.get(parent)
+            current = await self._job_or_none(parent)
         return chain
+
+    async def _job_or_none(self, job_id: str) -> Job | None:
+        try:
+            return await self.deps.scheduler.get_job(job_id)
+        except JobNotFoundError:
+            return None
 
     async def _previous_unknown(self, cluster: str, incident_id: str, lineage: list[str]) -> bool:
         """Whether an earlier incident of this job's lineage was already of unknown cause."""

@@ -226,5 +226,9 @@ async def test_the_watchers_brief_listing_equals_the_json_listing(
         assert {k: getattr(brief[job_id], k) for k in BRIEF_SAME} == {
             k: getattr(job, k) for k in BRIEF_SAME
         }, job_id
+        one = await scheduler.get_job_brief(job_id)  # what polls of one job read
+        assert {k: getattr(one, k) for k in BRIEF_SAME} == {
+            k: getattr(job, k) for k in BRIEF_SAME
+        }, job_id
     for job_id in ids:
         await scheduler.cancel_job(job_id)

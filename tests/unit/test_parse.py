@@ -12,7 +12,7 @@ from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.models import names
-from relaunch.models.errors import SchedulerError
+from relaunch.models.errors import JobNotFoundError, SchedulerError
 from relaunch.models.scheduler import ExitCode, Job, JobState, Node, NodeState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -451,3 +451,30 @@ async def test_the_brief_listing_falls_back_to_json_when_it_does_not_parse() -> 
     listed = await SlurmCli(runner=odd).list_jobs_brief()
     assert {j.job_id for j in listed} == set(jobs("squeue_running"))
     assert odd.argvs[-1] == ("squeue", "--json")
+
+
+async def test_one_job_from_the_brief_listing() -> None:
+    """Polls of one job's state read the shared brief listing; an unknown job is an error; a
+    listing that does not parse falls back to the JSON read."""
+    runner = ListingRunner(brief_line() + "\n" + brief_line(JobID="43", State="PENDING") + "\n")
+    slurm = SlurmCli(runner=runner)
+    job = await slurm.get_job_brief("43")
+    assert (job.job_id, job.state) == ("43", JobState.PENDING)
+    with pytest.raises(JobNotFoundError):
+        await slurm.get_job_brief("44")
+    assert all("--json" not in argv for argv in runner.argvs)
+    json_id = next(iter(jobs("squeue_running")))
+    odd = ListingRunner(brief_line(Comment="x\ny") + "\n")
+    assert (await SlurmCli(runner=odd).get_job_brief(json_id)).job_id == json_id
+    assert odd.argvs[-1] == ("squeue", "--json")
+
+
+def test_a_line_crafted_in_a_comment_never_passes_for_another_job() -> None:
+    """A user's comment holding a newline and a whole fake line for job 43 (RUNNING, on n9):
+    the listing is refused whole, so no one reads the fake state."""
+    fake = brief_line(JobID="43", State="RUNNING", NodeList="n9")
+    text = brief_line(Comment="x\n" + fake) + "\n" + brief_line(JobID="43", State="PENDING")
+    listing = parse.BriefListing(text + "\n")
+    assert not listing.valid and listing.all() is None
+    with pytest.raises(ValueError):
+        listing.get("43")

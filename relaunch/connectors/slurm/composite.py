@@ -59,6 +59,9 @@ class SlurmRestScheduler(SlurmCli):
     async def list_jobs_brief(self) -> list[Job]:
         return await self.list_jobs()  # the REST listing is the one there is
 
+    async def get_job_brief(self, job_id: str) -> Job:
+        return await self.rest.get_job(job_id)
+
     async def list_nodes(self) -> list[Node]:
         return await self.rest.list_nodes()
 

@@ -161,6 +161,39 @@ def job_from_json(raw: dict[str, Any]) -> Job:
     )
 
 
+class JobListing:
+    """One ``squeue --json`` answer, each job parsed only when first asked for.
+
+    A burst of recoveries shares listings (see relaunch.connectors.slurm.fresh), and most
+    callers want one job of thousands: parsing every job of every listing was a fifth of the
+    worker's CPU in a 500-job burst."""
+
+    def __init__(self, raws: list[dict[str, Any]]) -> None:
+        self._raws = raws
+        self._index: dict[str, dict[str, Any]] | None = None
+        self._parsed: dict[str, Job] = {}
+        self._all: list[Job] | None = None
+
+    def __len__(self) -> int:
+        return len(self._raws)
+
+    def get(self, job_id: str) -> Job | None:
+        if self._index is None:
+            self._index = {str(_number(raw.get("job_id")) or ""): raw for raw in self._raws}
+        job = self._parsed.get(job_id)
+        if job is None and (raw := self._index.get(job_id)) is not None:
+            job = self._parsed[job_id] = job_from_json(raw)
+        return job
+
+    def all(self) -> list[Job]:
+        if self._all is None:
+            self._all = [
+                self._parsed.get(str(_number(raw.get("job_id")) or "")) or job_from_json(raw)
+                for raw in self._raws
+            ]
+        return list(self._all)
+
+
 # ``squeue --Format`` fields for a brief listing (what the watcher needs; no excluded nodes),
 # each printed unpadded and followed by a separator no job name or comment is expected to hold.
 # A line that does not split into exactly these fields makes the whole listing unusable, and the
@@ -217,46 +250,88 @@ def _count(value: str) -> int | None:
 def jobs_from_brief(text: str) -> list[Job] | None:
     """Parse ``squeue --states=all --noheader --Format=BRIEF_FORMAT``; None when a line does
     not have exactly the expected fields (a separator or newline inside a user's text)."""
-    jobs = []
-    for line in text.splitlines():
-        values = line.split(BRIEF_SEPARATOR)
-        if len(values) != len(BRIEF_FIELDS) + 1 or values[-1] != "":
+    listing = BriefListing(text)
+    return listing.all() if listing.valid else None
+
+
+class BriefListing:
+    """One brief ``squeue`` answer, checked whole and indexed by job id; each job parsed only
+    when first asked for.
+
+    Every line must split into exactly the expected fields, or the listing is not ``valid`` and
+    nothing in it is used: a newline in a user's comment breaks that job's line in two, and a
+    line crafted inside a comment must never pass for another job's state."""
+
+    def __init__(self, text: str) -> None:
+        self.valid = True
+        self._rows: dict[str, list[str]] = {}
+        self._order: list[str] = []
+        self._parsed: dict[str, Job] = {}
+        for line in text.splitlines():
+            values = line.split(BRIEF_SEPARATOR)
+            if len(values) != len(BRIEF_FIELDS) + 1 or values[-1] != "" or values[0] in self._rows:
+                self.valid = False
+                return
+            self._rows[values[0]] = values
+            self._order.append(values[0])
+
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None when the listing does not hold it. Only on a valid listing."""
+        if not self.valid:
+            raise ValueError("an invalid brief listing has no jobs")
+        job = self._parsed.get(job_id)
+        if job is None and (values := self._rows.get(job_id)) is not None:
+            job = _job_from_brief_row(values)
+            if job is None:
+                raise ValueError(f"job {job_id}: a field does not parse")
+            self._parsed[job_id] = job
+        return job
+
+    def all(self) -> list[Job] | None:
+        """Every job, or None when the listing (or a field in it) does not parse."""
+        if not self.valid:
             return None
-        raw = dict(zip(BRIEF_FIELDS, values, strict=False))
         try:
-            raw_json: dict[str, Any] = {
-                "job_id": int(raw["JobID"]),
-                "array_job_id": _count(raw["ArrayJobID"]) or 0,
-                "array_task_id": _count(raw["ArrayTaskID"]),
-                "name": raw["Name"],
-                "user_name": raw["UserName"],
-                "job_state": raw["State"],
-                "state_reason": raw["Reason"],
-                "exit_code": _count(raw["exit_code"]) or 0,
-                "partition": raw["Partition"],
-                "nodes": raw["NodeList"],
-                "node_count": _count(raw["NumNodes"]) or 0,
-                "batch_host": raw["BatchHost"],
-                "restart_cnt": _count(raw["RestartCnt"]) or 0,
-                "requeue": raw["Requeue"] == "1",
-                "comment": raw["Comment"],
-                "standard_output": raw["STDOUT"],
-                "standard_error": raw["STDERR"],
-                "current_working_directory": raw["WorkDir"],
-                "command": raw["Command"],
-                "tasks": _count(raw["NumTasks"]) or 0,
-                "time_limit": _minutes(raw["TimeLimit"]),
-                "submit_time": _count(raw["SubmitTime"]),
-                "eligible_time": _count(raw["EligibleTime"]),
-                "start_time": _count(raw["StartTime"]),
-                "end_time": _count(raw["EndTime"]),
-            }
+            return [job for job_id in self._order if (job := self.get(job_id)) is not None]
         except ValueError:
             return None
-        if raw_json["array_job_id"] == raw_json["job_id"] and raw_json["array_task_id"] is None:
-            raw_json["array_job_id"] = 0  # squeue prints a plain job's own id here
-        jobs.append(job_from_json(raw_json))
-    return jobs
+
+
+def _job_from_brief_row(values: list[str]) -> Job | None:
+    raw = dict(zip(BRIEF_FIELDS, values, strict=False))
+    try:
+        raw_json: dict[str, Any] = {
+            "job_id": int(raw["JobID"]),
+            "array_job_id": _count(raw["ArrayJobID"]) or 0,
+            "array_task_id": _count(raw["ArrayTaskID"]),
+            "name": raw["Name"],
+            "user_name": raw["UserName"],
+            "job_state": raw["State"],
+            "state_reason": raw["Reason"],
+            "exit_code": _count(raw["exit_code"]) or 0,
+            "partition": raw["Partition"],
+            "nodes": raw["NodeList"],
+            "node_count": _count(raw["NumNodes"]) or 0,
+            "batch_host": raw["BatchHost"],
+            "restart_cnt": _count(raw["RestartCnt"]) or 0,
+            "requeue": raw["Requeue"] == "1",
+            "comment": raw["Comment"],
+            "standard_output": raw["STDOUT"],
+            "standard_error": raw["STDERR"],
+            "current_working_directory": raw["WorkDir"],
+            "command": raw["Command"],
+            "tasks": _count(raw["NumTasks"]) or 0,
+            "time_limit": _minutes(raw["TimeLimit"]),
+            "submit_time": _count(raw["SubmitTime"]),
+            "eligible_time": _count(raw["EligibleTime"]),
+            "start_time": _count(raw["StartTime"]),
+            "end_time": _count(raw["EndTime"]),
+        }
+    except ValueError:
+        return None
+    if raw_json["array_job_id"] == raw_json["job_id"] and raw_json["array_task_id"] is None:
+        raw_json["array_job_id"] = 0  # squeue prints a plain job's own id here
+    return job_from_json(raw_json)
 
 
 def json_errors(data: dict[str, Any]) -> list[str]:
