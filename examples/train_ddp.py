@@ -18,6 +18,7 @@ import os
 import tempfile
 import time
 import warnings
+import zlib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,15 @@ def parse_args() -> argparse.Namespace:
 
 def master_port() -> int:
     """$MASTER_PORT, else one derived from the job id and restart count, so that a requeued
-    attempt never tries to bind the port the previous attempt may still hold."""
+    attempt never tries to bind the port the previous attempt may still hold, and from the
+    cluster, so that job 1 of two clusters on one host (parallel test stacks) do not collide."""
     if port := os.environ.get("MASTER_PORT"):
         return int(port)
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    return 20000 + (job_id * 7 + restart) % 20000
+    cluster = os.environ.get("SLURM_CLUSTER_NAME", "") + os.environ.get("SLURM_CONF", "")
+    salt = zlib.crc32(cluster.encode())
+    return 20000 + (salt + job_id * 7 + restart) % 20000
 
 
 def make_model() -> nn.Module:
