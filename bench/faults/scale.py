@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import resource
 import subprocess
+import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -125,6 +127,60 @@ class Sampler:
         }
 
 
+class StallProbe:
+    """How the machine itself fares around the fault: a separate, otherwise idle process sleeps
+    5 ms at a time and reports the longest gap between its wake-ups, and how busy both cores
+    were (from /proc/stat) in each second. Killing a thousand processes at once on a 2-core VM
+    loads everything on it, the watcher included; on a real cluster those processes die on the
+    failed nodes, not beside Relaunch."""
+
+    CODE = """
+import json, signal, sys, time
+def cpu():
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:]]
+    return sum(v), v[3] + v[4]
+worst, last = 0.0, time.monotonic()
+busy, start, prev = [], last, cpu()
+def done(*_):
+    print(json.dumps({"worst": worst, "busy": busy}), flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, done)
+while True:
+    time.sleep(0.005)
+    t = time.monotonic()
+    worst, last = max(worst, t - last), t
+    if t - start >= len(busy) + 1:
+        now = cpu()
+        total, idle = now[0] - prev[0], now[1] - prev[1]
+        busy.append(round(1 - idle / total, 3) if total else 0.0)
+        prev = now
+"""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls) -> StallProbe:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", cls.CODE, stdout=asyncio.subprocess.PIPE
+        )
+        await asyncio.sleep(0.5)
+        return cls(proc)
+
+    async def stop(self) -> dict[str, Any]:
+        """``stall_s``: the longest gap in seconds, less the probe's own 5 ms sleep;
+        ``busy``: the share of both cores in use, second by second from the probe's start."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        out, _ = await self.proc.communicate()
+        try:
+            seen = json.loads(out.decode())
+        except ValueError:
+            return {"stall_s": float("nan"), "busy": []}
+        return {"stall_s": max(0.0, seen["worst"] - 0.005), "busy": seen["busy"]}
+
+
 async def all_events(audit: AuditStore, kinds: list[str]) -> list[Any]:
     out: list[Any] = []
     last = 0
@@ -175,8 +231,11 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     if temporal:
         temporal.start()
     placed = {j.job_id: j.nodes[0] for j in await sched.list_jobs() if j.job_id in set(ids)}
-    # Find every victim first (a scan of /proc takes seconds), then fail the nodes together.
+    # Find every victim first (a scan of /proc takes seconds and stalls this 2-core machine),
+    # let the machine settle, then fail the nodes together.
     victims = {node: faults.node_processes(bs.s.slurm, node) for node in failing}
+    await asyncio.sleep(5)
+    probe = await StallProbe.start()
     fault_at = now()
     killed = 0
     node_fault: dict[str, datetime] = {}
@@ -184,6 +243,8 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
         killed += faults.kill_pids(node, victims[node], kernel_log=bs.node_log(node))
         node_fault[node] = now()
     log(f"scale: killed {killed} processes on {','.join(failing)}; waiting for {n} recoveries")
+    await asyncio.sleep(10)
+    stall = await probe.stop()
     deadline = time.monotonic() + wait_s
     restarted: dict[str, datetime] = {}
     while time.monotonic() < deadline:
@@ -240,6 +301,8 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
         "submit_s": submit_s,
         "killed_processes": killed,
         "kill_spread_s": (max(node_fault.values()) - fault_at).total_seconds(),
+        "stall_s": stall["stall_s"],
+        "busy_after_fault": stall["busy"],
         "incidents": len(first_det),
         "restarted": len(restarted),
         "running_again": running_again,
