@@ -41,15 +41,30 @@ class Stream:
 
 
 @dataclass
+class NodeFeed:
+    """One node's kernel log and telemetry, read once per pass whatever the number of watched
+    jobs on the node (a node log read per job and node was most of a pass at thousands of jobs).
+    ``matches`` and ``telemetry_matches`` hold what the read in pass ``read_in`` found."""
+
+    log: Stream | None
+    telemetry: TelemetryTail | None
+    gpus: dict[int | None, TelemetrySample] = field(default_factory=dict)
+    matches: list[SignatureMatch] = field(default_factory=list)
+    telemetry_matches: list[SignatureMatch] = field(default_factory=list)
+    read_in: int = -1
+    baseline_read: bool = False
+
+
+@dataclass
 class JobWatch:
     job: Job
     restart_count: int
     from_start: bool
     progress: ProgressTracker
     logs: dict[str, Stream] = field(default_factory=dict)
-    node_logs: dict[str, Stream] = field(default_factory=dict)
-    telemetry: dict[str, TelemetryTail] = field(default_factory=dict)
-    gpus: dict[tuple[str, int | None], TelemetrySample] = field(default_factory=dict)
+    # The pass in which this job first looked at each of its nodes: what a node's feed read in
+    # that pass (or before) is not this job's news.
+    node_since: dict[str, int] = field(default_factory=dict)
     drain_seen: dict[str, bool] = field(default_factory=dict)
     emitted: set[tuple[int, str, tuple[str, ...]]] = field(default_factory=set)
 

@@ -10,6 +10,8 @@ Choices worth knowing:
 - A job seen for the first time is read from the start of its log on its first attempt, else
   from the current end (lines of earlier attempts must not be charged to this one). Node logs
   always start at their current end. Offsets survive requeues: the log keeps growing.
+- A node's kernel log and telemetry are read once per pass, however many watched jobs run on
+  it, and what they hold is news to each job from the pass after it first looked at the node.
 - A requeue Slurm did by itself is reported with the attempt it interrupted (the old restart
   count), and so are the log lines read in that same poll.
 - Only ``root`` and ``cascade`` signatures are reported, and only a root names nodes; a cascade
@@ -42,7 +44,7 @@ from relaunch.detection.signatures import Catalogue, Culprit, Role, SignatureMat
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState, watched
-from relaunch.workers.watch_state import JobWatch, Poll, Stream
+from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +122,8 @@ class Watcher:
         self._on_detection = on_detection
         self._catalogue = catalogue or Catalogue.load()
         self._jobs: dict[str, JobWatch] = {}
+        self._nodes: dict[str, NodeFeed] = {}
+        self._pass = 0
 
     def watches(self, job: Job) -> bool:
         """See :func:`relaunch.models.scheduler.watched`."""
@@ -133,7 +137,8 @@ class Watcher:
         watch = self._jobs.get(job_id)
         if watch is None:
             return {}
-        streams = [*watch.logs.values(), *watch.node_logs.values()]
+        feeds = [self._nodes.get(node) for node in watch.job.nodes]
+        streams = [*watch.logs.values(), *(f.log for f in feeds if f and f.log)]
         return {s.tail.path: s.tail.offset for s in streams}
 
     async def poll_once(self, now: datetime | None = None) -> list[Detection]:
@@ -149,12 +154,16 @@ class Watcher:
         if any(job.state is JobState.RUNNING for job in jobs):
             nodes = {node.name: node for node in await self._scheduler.list_nodes()}
         found: list[Detection] = []
+        self._pass += 1
         for job in jobs:
             if now is None:  # per job, as in read_logs_once
                 wall, clock = datetime.now(UTC), time.monotonic()
             found.extend(self._check_job(job, nodes, wall, clock))
         for gone in set(self._jobs) - {job.job_id for job in jobs}:
             del self._jobs[gone]
+        in_use = {node for watch in self._jobs.values() for node in watch.job.nodes}
+        for idle in set(self._nodes) - in_use:
+            del self._nodes[idle]
         self.stats.polls += 1
         self.stats.watched_jobs = len(jobs)
         self.stats.detections += len(found)
@@ -166,6 +175,7 @@ class Watcher:
         """Between polls: read what watched jobs' logs gained since the last read, without
         asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll)."""
         found: list[Detection] = []
+        self._pass += 1
         for watch in self._jobs.values():
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
             # and a line read late in it must not look detected before it was written.
@@ -375,50 +385,73 @@ class Watcher:
                     poll.add_match(match, self._culprits(poll, match), DetectionSource.JOB_LOG)
 
     def _node_logs(self, poll: Poll) -> None:
-        pattern, watch = self.config.node_log_pattern, poll.watch
-        if pattern is None or not poll.job.nodes:
-            return
-        for stale in set(watch.node_logs) - set(poll.job.nodes):
-            del watch.node_logs[stale]
-        for node in poll.job.nodes:
-            stream = watch.node_logs.get(node)
-            if stream is None:
-                path = pattern.replace("{node}", node)
-                stream = watch.node_logs[node] = self._stream(path, from_start=False)
-            lines = stream.read()
-            for match in self._catalogue.scan_lines(
-                lines, source=stream.tail.path, source_node=node
-            ):
-                if match.role in REPORTED_ROLES:
-                    culprits = [node] if match.role is Role.ROOT else []
-                    poll.add_match(match, culprits, DetectionSource.NODE_LOG)
+        for node, feed in self._news_from_nodes(poll):
+            for match in feed.matches:
+                culprits = [node] if match.role is Role.ROOT else []
+                poll.add_match(match, culprits, DetectionSource.NODE_LOG)
 
     def _telemetry(self, poll: Poll) -> None:
-        """New samples from the node agents of the job's nodes; a GPU's earlier sample is the
-        baseline a counter must rise above."""
-        pattern, watch = self.config.telemetry_pattern, poll.watch
-        if pattern is None:
-            return
+        for node, feed in self._news_from_nodes(poll):
+            for match in feed.telemetry_matches:
+                poll.add_match(match, [node], DetectionSource.TELEMETRY)
+
+    def _news_from_nodes(self, poll: Poll) -> list[tuple[str, NodeFeed]]:
+        """The feeds of the job's nodes, read in this pass, that are news to this job: a node
+        the job looks at for the first time gives nothing until the next pass (its log starts
+        at the end, its telemetry is the GPUs' baseline)."""
+        watch, out = poll.watch, []
+        for stale in set(watch.node_since) - set(poll.job.nodes):
+            del watch.node_since[stale]
         for node in poll.job.nodes:
-            tail = watch.telemetry.get(node)
-            first = tail is None
-            if tail is None:
+            feed = self._feed(node)
+            if watch.node_since.setdefault(node, self._pass) < self._pass:
+                out.append((node, feed))
+        return out
+
+    def _feed(self, node: str) -> NodeFeed:
+        """The node's feed, read once in this pass: its new kernel-log lines matched against
+        the catalogue, its new telemetry samples compared with each GPU's previous one."""
+        feed = self._nodes.get(node)
+        if feed is None:
+            log_pattern, tel_pattern = self.config.node_log_pattern, self.config.telemetry_pattern
+            feed = self._nodes[node] = NodeFeed(
+                log=self._stream(log_pattern.replace("{node}", node), from_start=False)
+                if log_pattern
+                else None,
+                telemetry=TelemetryTail(tel_pattern.replace("{node}", node))
+                if tel_pattern
+                else None,
+            )
+        if feed.read_in == self._pass:
+            return feed
+        feed.read_in = self._pass
+        feed.matches, feed.telemetry_matches = [], []
+        if feed.log is not None:
+            lines = feed.log.read()
+            feed.matches = [
+                match
+                for match in self._catalogue.scan_lines(
+                    lines, source=feed.log.tail.path, source_node=node
+                )
+                if match.role in REPORTED_ROLES
+            ]
+        if feed.telemetry is not None:
+            samples = feed.telemetry.read()
+            if not feed.baseline_read:
                 # Read from the start once: what the agent said before is each GPU's baseline,
                 # not news (the agent writes only on change, so the file stays small).
-                path = pattern.replace("{node}", node)
-                tail = watch.telemetry[node] = TelemetryTail(path)
-            samples = tail.read()
-            if first:
-                watch.gpus.update({(node, s.gpu): s for s in samples})
-                continue
-            baseline = [
-                watch.gpus[key] for key in {(node, s.gpu) for s in samples} if key in watch.gpus
+                feed.baseline_read = True
+                feed.gpus.update({s.gpu: s for s in samples})
+                return feed
+            baseline = [feed.gpus[gpu] for gpu in {s.gpu for s in samples} if gpu in feed.gpus]
+            for sample in samples:
+                feed.gpus[sample.gpu] = sample
+            feed.telemetry_matches = [
+                finding.match
+                for finding in telemetry_findings(baseline + samples, self._catalogue, [node])
+                if finding.match.line_no > len(baseline) and finding.role is Role.ROOT
             ]
-            for s in samples:
-                watch.gpus[(node, s.gpu)] = s
-            for finding in telemetry_findings(baseline + samples, self._catalogue, poll.job.nodes):
-                if finding.match.line_no > len(baseline) and finding.role is Role.ROOT:
-                    poll.add_match(finding.match, [node], DetectionSource.TELEMETRY)
+        return feed
 
     def _progress(self, poll: Poll) -> None:
         tracker, floor, clock = poll.watch.progress, self.config.hang_threshold_s, poll.clock

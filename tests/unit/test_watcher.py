@@ -251,6 +251,44 @@ async def test_kernel_log_xid_on_one_node(scheduler: FakeScheduler, tmp_path: Pa
     assert await watcher.poll_once(T0) == []  # same attempt, same kind, same node
 
 
+async def test_a_node_log_is_read_once_per_pass_for_all_its_jobs(
+    scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of jobs share a node in a burst: its kernel log is read (and scanned) once per
+    pass, every job on it gets the Xid, and a job first seen after the line was written is
+    not charged with it."""
+    base = scheduler.jobs[0]
+    scheduler.jobs = [
+        base.model_copy(update={"job_id": str(500 + i), "nodes": ["n3"], "num_tasks": 1})
+        for i in range(50)
+    ]
+    n3_log = tmp_path / "nodes" / "n3" / "kern.log"
+    append(n3_log, "boot\n")
+    reads: list[str] = []
+    real_read = FileTail.read
+
+    def counted(self: FileTail) -> bytes:
+        reads.append(self.path)
+        return real_read(self)
+
+    monkeypatch.setattr(FileTail, "read", counted)
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []
+    reads.clear()
+    append(n3_log, XID_79)
+    found = watcher.read_logs_once(T0)
+    assert reads.count(str(n3_log)) == 1
+    assert sorted(d.job_id for d in found) == sorted(j.job_id for j in scheduler.jobs)
+    assert {(d.kind, tuple(d.nodes)) for d in found} == {("signature:xid_79", ("n3",))}
+    late = base.model_copy(update={"job_id": "600", "nodes": ["n3"], "num_tasks": 1})
+    scheduler.jobs.append(late)
+    append(n3_log, XID_79.replace("79", "48", 1))  # lands before job 600 is first seen
+    found = await watcher.poll_once(T0)
+    assert "600" not in {d.job_id for d in found}
+    append(n3_log, XID_79.replace("79", "48", 1))
+    assert "600" in {d.job_id for d in watcher.read_logs_once(T0)}
+
+
 async def test_hang_after_the_threshold(
     scheduler: FakeScheduler, tmp_path: Path, log: Path
 ) -> None:
