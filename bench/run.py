@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,8 @@ async def relaunch_runs(rl: BenchStack, plan: list[str], work: Path) -> list[dic
 async def bench(args: argparse.Namespace) -> None:
     started = time.monotonic()
     date = datetime.now(UTC)
+    code = code_version()  # what the stacks run: taken now, not after a 20-minute run
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="relaunch-bench-faults-"))
     root.chmod(0o755)
     work = root / "work"
@@ -155,7 +158,8 @@ async def bench(args: argparse.Namespace) -> None:
         "burst": burst_n,
         "held": held_n,
         "node_cpus": sc.overrides["node_cpus"],
-        "code": code_version(),
+        "code": code,
+        "load_before": load_before,
         "notes": notes,
     }
     raw = RESULTS / "faults-raw.json"

@@ -193,22 +193,31 @@ def findings(rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
     if scale and scale["action_p95"] > 5:
         w = scale["worker"]
         per = w["cpu_s"] / max(scale["jobs"], 1)
+        stall, busy = scale.get("stall_s"), scale.get("busy_after_fault") or []
+        machine_txt = (
+            f"In the seconds after the kill the machine itself was loaded: an idle probe "
+            f"process stalled up to {stall:.1f} s, and both cores were "
+            f"{100 * sum(busy) / len(busy):.0f} % busy over the first {len(busy)} s "
+            "(1004 processes dying, and 500 recoveries starting, on the same 2 cores as the "
+            "watcher; on a real cluster the processes die on the failed nodes). "
+            if stall is not None and busy
+            else ""
+        )
         if scale["detect_p95"] <= 5:
             detect_txt = (
                 f"Detection is not what is slow: p50 {scale['detect_p50']:.1f} s, p95 "
                 f"{scale['detect_p95']:.1f} s from the nodes' failure to all 500 detections. "
+                + machine_txt
             )
         else:
             detect_txt = (
                 f"Detection took p50 {scale['detect_p50']:.1f} s, p95 "
                 f"{scale['detect_p95']:.1f} s from the nodes' failure (within the 15 s p95 "
-                "target for explicit faults, but far from the class runs' sub-second; in "
-                "`--scale-only` runs made earlier, without the Slurm-alone stack beside the "
-                "burst and before detections were stamped per job, p50 -0.6 to 3.4 s). Not "
-                "measured, the likely cause: the watcher reads "
-                "logs between scheduler polls, not during one, and a poll's `squeue` is slow "
-                "while slurmctld deals with four nodes dying at once; reading logs while a "
-                "poll is in flight would remove that wait. "
+                "target for explicit faults, but far from the class runs' sub-second). "
+                + machine_txt
+                + "The watcher no longer waits for `squeue` before reading logs (a poll runs "
+                "beside the log reads); the pass over 500 jobs that finds the Xid lines takes "
+                "~60 ms on an idle machine and seconds on this one (it logs a warning over 1 s). "
             )
         since = scale.get("since_detection") or {}
         iso, acting = since.get("stage:isolating"), since.get("stage:acting")
@@ -216,12 +225,19 @@ def findings(rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
             f"Between `isolating` (p50 {iso['p50']:.0f} s) and `acting` (p50 "
             f"{acting['p50']:.0f} s) recoveries also wait for activity slots: the worker runs "
             "at most 100 activities at once (the SDK's default), and every verify step holds "
-            "one for the tens of seconds its job takes to restart. With 2000 slots (tried in a "
-            "scale-only run) every action started at once, the worker's event loop starved "
-            "them, they missed their 15 s heartbeats and restarts failed after 5 attempts, so "
-            "the limit stays. "
+            "one for the tens of seconds its job takes to restart. "
             if iso and acting
             else ""
+        ) + (
+            "The SDK's default slots (100 workflow tasks, 100 local activities, 100 "
+            "activities) stay, measured: with 2000 activity slots every action started at once "
+            "and missed its heartbeats; with 500 workflow-task and local-activity slots the "
+            "worker thrashed (detection → action p95 590 s, 22 recoveries failed, 728 worker "
+            "CPU-s against ~120); with 25 it was no better than 100 (p50 65 / p95 89 s against "
+            "62 / 76 s, `--scale-only` runs of the same code). One recovery's Temporal history "
+            "in such a run shows the split: its first workflow task waited 5.7 s for a slot, "
+            "then its quick steps (audit, evidence, attribution, plan) took 8.8 s of a loaded "
+            "event loop that a few hundred other recoveries shared. "
         )
         t = scale.get("temporal")
         temporal_txt = (
@@ -244,20 +260,26 @@ def findings(rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
             "change the total: the last recoveries act about a burst's worth of CPU-seconds "
             "after the first. "
             + slots_txt
-            + "Done to get here (the previous full run, git 445556a, measured "
+            + "Done to get here (an earlier full run, git 445556a, measured "
             "detection p50 45.8 s / p95 90.8 s and detection → action p50 150.4 s / p95 "
-            "240.4 s): the watcher hands detections over in parallel and beside its polling; "
+            "240.4 s): the watcher hands detections over in parallel and beside its polling, "
+            "and reads logs while a poll is in flight; "
             "the quick steps of a recovery (audit records, evidence, attribution, planning) "
             "are local activities (a recovery's history went from 111 events with 16 "
             "activity dispatches to 58 with 3); the dev server's SQLite uses WAL without an "
-            "fsync per commit; the worker compiles the signature catalogue at start. What "
+            "fsync per commit; the worker compiles the signature catalogue at start; a JSON "
+            "job listing parses only the jobs asked for (parsing every job of every shared "
+            "listing was a fifth of the worker's CPU in a py-spy profile of the burst) and "
+            "verify polls read the cheaper text listing; actions heartbeat while they wait "
+            "(before, 91 attempts in one burst were timed out by Temporal while still acting "
+            "and started again; 19 after). What "
             "would close it: verify as short checks from the workflow with a durable timer "
-            "between them, so no slot is held while a job restarts; more worker processes or "
-            "cores (activities spread across "
-            "workers on the task queue) and a production Temporal instead of the SQLite dev "
-            "server; or one decision for a correlated failure (a node-level recovery that "
-            "drains the node once and requeues its jobs in bulk) — a change to the "
-            "one-workflow-per-job-attempt contract in docs/design.md."
+            "between them, so no slot is held while a job restarts; more worker processes on "
+            "more cores (a Python worker is one event loop; activities and workflow tasks "
+            "spread across workers on the task queue) and a production Temporal instead of the "
+            "SQLite dev server; or one decision for a correlated failure (a node-level "
+            "recovery that drains the node once and requeues its jobs in bulk) — a change to "
+            "the one-workflow-per-job-attempt contract in docs/design.md."
         )
     pre = [r for r in rows if r["cls"] == "preemption"]
     if pre:
@@ -331,7 +353,14 @@ def write(
             if q
             else ""
         ),  # fmt: skip
-        f"- Machine: {machine()}. Other test suites were running on the same machine.",
+        f"- Machine: {machine()}."
+        + (
+            " Load average (1/5/15 min) just before the run: "
+            + " / ".join(f"{x:.2f}" for x in meta["load_before"])
+            + "."
+            if meta.get("load_before")
+            else ""
+        ),
         f"- Code: {meta['code']}.",
         "",
         "## Method",
@@ -481,7 +510,8 @@ def write(
             "(`SlurmdParameters=config_overrides`); "
             f"{scale['jobs']} one-CPU jobs (`sbatch --requeue --comment relaunch=on --wrap "
             "'sleep 3600'`) fill n1–n4; then n1–n4 fail together: their processes are found "
-            "first (`faults.node_processes`, a scan of /proc), then each node's slurmd and job "
+            "first (`faults.node_processes`, a scan of /proc; then 5 s for the machine to "
+            "settle), then each node's slurmd and job "
             f"processes are SIGKILLed and an Xid 79 line written to its kernel log "
             f"(`faults.kill_pids`; {scale['killed_processes']} processes, the four nodes within "
             f"{scale.get('kill_spread_s', float('nan')):.2f} s). A job's fault time is its "
@@ -510,6 +540,15 @@ def write(
             f"| watcher CPU during the burst | {wa['cpu_s']:.1f} CPU-s, mean "
             f"{wa['cpu_pct_mean']:.0f} %, RSS max {wa['rss_mib_max']:.0f} MiB |",
         ]
+        if scale.get("busy_after_fault"):
+            busy = scale["busy_after_fault"]
+            L += [
+                f"| the machine after the fault: an idle probe's longest stall | "
+                f"{scale['stall_s']:.2f} s |",
+                "| the machine after the fault: both cores busy, second by second | "
+                + " ".join(f"{100 * b:.0f}%" for b in busy)
+                + " |",
+            ]
         if scale.get("temporal"):
             t = scale["temporal"]
             L.append(
