@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -124,6 +125,7 @@ class Watcher:
         self._jobs: dict[str, JobWatch] = {}
         self._nodes: dict[str, NodeFeed] = {}
         self._pass = 0
+        self._slow_said_at = -math.inf
 
     def watches(self, job: Job) -> bool:
         """See :func:`relaunch.models.scheduler.watched`."""
@@ -267,8 +269,11 @@ class Watcher:
 
     def _slow_pass(self, what: str, took: float) -> None:
         """Say so when one pass over the watched jobs takes longer than a second: detections
-        are that much later (too many jobs for one watcher, or a starved machine)."""
-        if took > 1.0:
+        are that much later (too many jobs for one watcher, or a starved machine). At most once
+        a minute: a watcher over 10,000 jobs would otherwise say it at every poll."""
+        now = time.monotonic()
+        if took > 1.0 and now >= self._slow_said_at + 60:
+            self._slow_said_at = now
             logger.warning(
                 "%s over %d jobs took %.1fs", what, len(self._jobs), took, extra={"took_s": took}
             )
