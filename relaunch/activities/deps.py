@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import AuditRecord
+
+log = logging.getLogger("relaunch.activities")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -105,7 +108,10 @@ def keeps_heartbeating(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R
         async def keep_beating() -> None:
             while True:
                 await asyncio.sleep(HEARTBEAT_EVERY_S)
-                activity.heartbeat(said[0])
+                try:
+                    activity.heartbeat(said[0])
+                except Exception:  # never let the heartbeater fail the action itself
+                    log.warning("heartbeat failed", exc_info=True)
 
         beater = asyncio.create_task(keep_beating())
         try:

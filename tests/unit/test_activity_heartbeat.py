@@ -51,3 +51,22 @@ async def test_the_heartbeater_stops_when_the_action_fails(
     assert count >= 2
     await asyncio.sleep(0.05)
     assert len(seen) == count
+
+
+async def test_a_failing_heartbeat_does_not_fail_the_action(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(deps, "HEARTBEAT_EVERY_S", 0.01)
+    env = ActivityEnvironment()
+
+    def refuse(*_: object) -> None:
+        raise RuntimeError("worker shutting down")
+
+    env.on_heartbeat = refuse
+
+    @keeps_heartbeating
+    async def drain() -> str:
+        await asyncio.sleep(0.05)
+        return "drained"
+
+    assert await env.run(drain) == "drained"
