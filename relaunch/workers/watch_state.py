@@ -51,8 +51,7 @@ class NodeFeed:
     gpus: dict[int | None, TelemetrySample] = field(default_factory=dict)
     matches: list[SignatureMatch] = field(default_factory=list)
     telemetry_matches: list[SignatureMatch] = field(default_factory=list)
-    read_in: int = -1
-    baseline_read: bool = False
+    read_in: int = -1  # -1: never read (its first telemetry read is the GPUs' baseline)
 
 
 @dataclass

@@ -185,8 +185,7 @@ class Watcher:
             clock = wall.timestamp() if now else time.monotonic()
             poll = Poll(self.config.cluster, watch.job, watch, watch.restart_count, wall, clock)
             self._job_logs(poll)
-            self._node_logs(poll)
-            self._telemetry(poll)
+            self._node_news(poll)
             found.extend(d for d in poll.found if watch.first_time(d))
         self.stats.detections += len(found)
         return found
@@ -344,8 +343,7 @@ class Watcher:
         if job.state is JobState.RUNNING:
             self._node_states(poll, nodes)
         self._job_logs(poll)
-        self._node_logs(poll)
-        self._telemetry(poll)
+        self._node_news(poll)
         if job.state is JobState.RUNNING and not requeued:
             self._progress(poll)
         return [d for d in poll.found if watch.first_time(d)]
@@ -389,29 +387,24 @@ class Watcher:
                 if match.role in REPORTED_ROLES:
                     poll.add_match(match, self._culprits(poll, match), DetectionSource.JOB_LOG)
 
-    def _node_logs(self, poll: Poll) -> None:
-        for node, feed in self._news_from_nodes(poll):
-            for match in feed.matches:
-                culprits = [node] if match.role is Role.ROOT else []
-                poll.add_match(match, culprits, DetectionSource.NODE_LOG)
-
-    def _telemetry(self, poll: Poll) -> None:
-        for node, feed in self._news_from_nodes(poll):
-            for match in feed.telemetry_matches:
-                poll.add_match(match, [node], DetectionSource.TELEMETRY)
-
-    def _news_from_nodes(self, poll: Poll) -> list[tuple[str, NodeFeed]]:
-        """The feeds of the job's nodes, read in this pass, that are news to this job: a node
-        the job looks at for the first time gives nothing until the next pass (its log starts
-        at the end, its telemetry is the GPUs' baseline)."""
-        watch, out = poll.watch, []
+    def _node_news(self, poll: Poll) -> None:
+        """What the job's nodes' kernel logs, then their telemetry, gave in this pass that is
+        news to this job: a node the job looks at for the first time gives nothing until the
+        next pass (its log starts at the end, its telemetry is the GPUs' baseline)."""
+        watch, news = poll.watch, []
         for stale in set(watch.node_since) - set(poll.job.nodes):
             del watch.node_since[stale]
         for node in poll.job.nodes:
             feed = self._feed(node)
             if watch.node_since.setdefault(node, self._pass) < self._pass:
-                out.append((node, feed))
-        return out
+                news.append((node, feed))
+        for node, feed in news:
+            for match in feed.matches:
+                culprits = [node] if match.role is Role.ROOT else []
+                poll.add_match(match, culprits, DetectionSource.NODE_LOG)
+        for node, feed in news:
+            for match in feed.telemetry_matches:
+                poll.add_match(match, [node], DetectionSource.TELEMETRY)
 
     def _feed(self, node: str) -> NodeFeed:
         """The node's feed, read once in this pass: its new kernel-log lines matched against
@@ -429,7 +422,7 @@ class Watcher:
             )
         if feed.read_in == self._pass:
             return feed
-        feed.read_in = self._pass
+        first_read, feed.read_in = feed.read_in < 0, self._pass
         feed.matches, feed.telemetry_matches = [], []
         if feed.log is not None:
             lines = feed.log.read()
@@ -442,10 +435,9 @@ class Watcher:
             ]
         if feed.telemetry is not None:
             samples = feed.telemetry.read()
-            if not feed.baseline_read:
+            if first_read:
                 # Read from the start once: what the agent said before is each GPU's baseline,
                 # not news (the agent writes only on change, so the file stays small).
-                feed.baseline_read = True
                 feed.gpus.update({s.gpu: s for s in samples})
                 return feed
             baseline = [feed.gpus[gpu] for gpu in {s.gpu for s in samples} if gpu in feed.gpus]

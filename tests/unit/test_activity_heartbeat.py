@@ -11,11 +11,19 @@ from relaunch.activities import deps
 from relaunch.activities.deps import beat, keeps_heartbeating
 
 
-async def test_an_action_that_waits_keeps_heartbeating(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(deps, "HEARTBEAT_EVERY_S", 0.02)
+def recording(
+    monkeypatch: pytest.MonkeyPatch, every_s: float
+) -> tuple[ActivityEnvironment, list[tuple[object, ...]]]:
+    """An activity environment that records every heartbeat, the heartbeater at ``every_s``."""
+    monkeypatch.setattr(deps, "HEARTBEAT_EVERY_S", every_s)
     seen: list[tuple[object, ...]] = []
     env = ActivityEnvironment()
     env.on_heartbeat = lambda *details: seen.append(details)
+    return env, seen
+
+
+async def test_an_action_that_waits_keeps_heartbeating(monkeypatch: pytest.MonkeyPatch) -> None:
+    env, seen = recording(monkeypatch, 0.02)
 
     @keeps_heartbeating
     async def requeue_on_a_busy_cluster() -> str:
@@ -35,10 +43,7 @@ async def test_an_action_that_waits_keeps_heartbeating(monkeypatch: pytest.Monke
 async def test_the_heartbeater_stops_when_the_action_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(deps, "HEARTBEAT_EVERY_S", 0.01)
-    seen: list[tuple[object, ...]] = []
-    env = ActivityEnvironment()
-    env.on_heartbeat = lambda *details: seen.append(details)
+    env, seen = recording(monkeypatch, 0.01)
 
     @keeps_heartbeating
     async def fails() -> None:
@@ -56,8 +61,7 @@ async def test_the_heartbeater_stops_when_the_action_fails(
 async def test_a_failing_heartbeat_does_not_fail_the_action(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(deps, "HEARTBEAT_EVERY_S", 0.01)
-    env = ActivityEnvironment()
+    env, _ = recording(monkeypatch, 0.01)
 
     def refuse(*_: object) -> None:
         raise RuntimeError("worker shutting down")

@@ -153,17 +153,12 @@ class SlurmCli:
         loops that watch a job's state, nodes or restart count; ``excluded_nodes`` is empty.
         Falls back to :meth:`get_job` when the listing does not parse."""
         job_id = names.job_id(job_id)
-        listing = await self._brief_reads()
-        if not listing.valid:
-            return await self.get_job(job_id)
         try:
-            job = listing.get(job_id)
-        except ValueError:
+            job = (await self._brief_reads()).get(job_id)
+        except ValueError:  # the listing, or this job's line, does not parse
             return await self.get_job(job_id)
         if job is None:
-            raise JobNotFoundError(
-                f"job {job_id} not found", hint="finished jobs leave squeue after MinJobAge"
-            )
+            raise _job_not_found(job_id)
         return job
 
     async def _read_brief(self) -> parse.BriefListing:
@@ -181,11 +176,9 @@ class SlurmCli:
         job_id = names.job_id(job_id)
         # squeue --json ignores -j in 22.05, so one listing serves a single job too.
         job = (await self._job_reads()).get(job_id)
-        if job is not None:
-            return job
-        raise JobNotFoundError(
-            f"job {job_id} not found", hint="finished jobs leave squeue after MinJobAge"
-        )
+        if job is None:
+            raise _job_not_found(job_id)
+        return job
 
     async def list_nodes(self) -> list[Node]:
         return list(await self._node_reads())
@@ -492,6 +485,12 @@ def _job_state_text(job: Job) -> str:
     nodes = ",".join(job.nodes) or "-"
     return (
         f"{job.state.value} nodes={nodes} restarts={job.restart_count} reason={job.reason or '-'}"
+    )
+
+
+def _job_not_found(job_id: str) -> JobNotFoundError:
+    return JobNotFoundError(
+        f"job {job_id} not found", hint="finished jobs leave squeue after MinJobAge"
     )
 
 

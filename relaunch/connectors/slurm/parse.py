@@ -174,9 +174,6 @@ class JobListing:
         self._parsed: dict[str, Job] = {}
         self._all: list[Job] | None = None
 
-    def __len__(self) -> int:
-        return len(self._raws)
-
     def get(self, job_id: str) -> Job | None:
         if self._index is None:
             self._index = {str(_number(raw.get("job_id")) or ""): raw for raw in self._raws}
