@@ -28,6 +28,10 @@ class BundleJob(BaseModel):
     # Additive fields Relaunch itself records; readers must not require them.
     unreachable_nodes: list[str] = Field(default_factory=list)
     detections: list[str] = Field(default_factory=list)
+    submit_time: datetime | None = Field(
+        default=None, description="a job line stamped before this (or in the future) is ignored"
+    )
+    user: str = Field(default="", description="the job's owner (cross-user corroboration)")
 
     def rank_node(self, rank: int) -> str | None:
         """The node a rank ran on: the explicit map, else one task per node in order."""

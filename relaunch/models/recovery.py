@@ -27,6 +27,9 @@ class Category(StrEnum):
 
 class Action(StrEnum):
     ISOLATE_AND_RESTART = "isolate_and_restart"
+    # Restart without the suspect nodes (per-job exclusion); nothing is drained. The action where
+    # only job-controlled evidence names a node (see Trust in docs/trust.md).
+    EXCLUDE_AND_RESTART = "exclude_and_restart"
     RESTART = "restart"
     HOLD = "hold"
     NONE = "none"
@@ -111,6 +114,10 @@ class EvidenceLine(BaseModel):
     role: str = "root"
     node: str | None = Field(default=None, description="the node the line points at, if any")
     count: int = Field(default=1, description="copies of this line (same signature and node)")
+    trusted: bool = Field(
+        default=False,
+        description="from a source the job cannot write (kernel log, telemetry, Slurm, probes)",
+    )
 
 
 class Verdict(BaseModel):
@@ -125,6 +132,10 @@ class Verdict(BaseModel):
     )
     repeat_offenders: list[str] = Field(
         default_factory=list, description="culprits named by their incident history, not this log"
+    )
+    corroboration: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="culprit → the trusted sources that confirm it; [] = job-controlled only",
     )
 
 
@@ -147,6 +158,12 @@ class Policy(BaseModel):
     repeat_offender_window_hours: float = Field(default=168.0, gt=0)
     verify_timeout_s: float = 300.0
     hang_threshold_s: float = 120.0
+    suspect_users: int = Field(
+        default=2,
+        ge=2,
+        description="distinct users whose jobs must suspect a node before suspicion convicts it",
+    )
+    suspect_window_hours: float = Field(default=24.0, gt=0)
 
     def mode_for(self, partition: str, category: Category) -> Mode:
         if category in self.category_modes:
@@ -219,10 +236,22 @@ class ActionPlan(BaseModel):
     expected_restart_count: int
     guards: list[GuardDecision] = Field(default_factory=list)
     reasons: list[str] = Field(default_factory=list)
+    suspect_nodes: list[str] = Field(
+        default_factory=list,
+        description="nodes named by job-controlled evidence only: excluded, marked, not drained",
+    )
+    needs_override: bool = Field(
+        default=False,
+        description="a guard refused this plan: only an operator's approval (audited as an "
+        "override) lets it run; autonomous mode holds instead",
+    )
 
     @property
     def restarts(self) -> bool:
-        return self.action in {Action.ISOLATE_AND_RESTART, Action.RESTART}
+        return self.action in RESTARTING
+
+
+RESTARTING = frozenset({Action.ISOLATE_AND_RESTART, Action.EXCLUDE_AND_RESTART, Action.RESTART})
 
 
 class Approval(BaseModel):
