@@ -4,6 +4,7 @@ restart budget, and the blast-radius guard. Pure: the caller supplies the histor
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -53,6 +54,25 @@ def drain_limit(policy: Policy, partition_size: int) -> int:
     """How many nodes Relaunch may drain in one window: a share of the partition (rounded up,
     so a small partition can still lose one node) and never more than the hard cap."""
     return min(policy.drain_cap, math.ceil(policy.drain_share * max(partition_size, 0)))
+
+
+def blast_radius(
+    policy: Policy, partition_size: int, out_of_service: Collection[str], new: Sequence[str]
+) -> GuardDecision:
+    """The blast-radius guard, counting nodes rather than events: the nodes Relaunch took out
+    that are still out of service, together with the new ones (a node already out is not new,
+    so a drained node failing again never counts twice), against the window's limit."""
+    out = set(out_of_service)
+    fresh = sorted(set(new) - out)
+    limit = drain_limit(policy, partition_size)
+    total = len(out | set(fresh))
+    return GuardDecision(
+        guard="blast_radius",
+        allowed=total <= limit,
+        detail=f"{len(out)} out of service by Relaunch in {policy.drain_window_hours:g} h + "
+        f"{len(fresh)} new, limit {limit} ({policy.drain_share:.0%} of "
+        f"{partition_size} nodes, cap {policy.drain_cap})",
+    )
 
 
 def make_plan(
