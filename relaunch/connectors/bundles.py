@@ -12,6 +12,9 @@ from pydantic import ValidationError
 from relaunch.models.bundle import Bundle, BundleJob, TelemetrySample
 from relaunch.models.errors import RelaunchError
 
+# A job log up to this size is held in memory as text; a bigger one is read from disk.
+INLINE_LOG_BYTES = 4 << 20
+
 
 class BundleError(RelaunchError):
     """A bundle directory is missing or malformed."""
@@ -57,7 +60,15 @@ def read_bundle(path: Path) -> Bundle:
         where = ".".join(str(p) for p in first["loc"])
         raise BundleError(f"{job_file}: {where}: {first['msg']}") from exc
     log_file = path / "logs" / "job.log"
-    job_log = log_file.read_text(errors="replace") if log_file.is_file() else ""
+    job_log, job_log_file = "", None
+    if log_file.is_file():
+        with log_file.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > INLINE_LOG_BYTES:
+                # Attribution reads a big log from disk in chunks; only its end is held here.
+                fh.seek(size - INLINE_LOG_BYTES)
+                job_log_file = str(log_file)
+            job_log = fh.read(INLINE_LOG_BYTES).decode("utf-8", errors="replace")
     node_logs = {}
     nodes_dir = path / "nodes"
     if nodes_dir.is_dir():
@@ -74,5 +85,10 @@ def read_bundle(path: Path) -> Bundle:
             except (ValueError, ValidationError) as exc:
                 raise BundleError(f"{tele_file}:{no}: not a telemetry sample ({exc})") from exc
     return Bundle(
-        path=str(path), job=job, job_log=job_log, node_logs=node_logs, telemetry=telemetry
+        path=str(path),
+        job=job,
+        job_log=job_log,
+        job_log_file=job_log_file,
+        node_logs=node_logs,
+        telemetry=telemetry,
     )

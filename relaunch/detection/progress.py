@@ -20,11 +20,20 @@ CHECKPOINT_PATTERN = re.compile(
     r"checkpoint saved step=(?P<step>\d+)"
     r"|successfully saved checkpoint from iteration\s+(?P<it>\d+)"
 )
+# Bounded gaps: a line of repeated "successfully loaded checkpoint " must not cost a scan to
+# its end per repetition.
 RESUME_PATTERN = re.compile(
     r"resumed from checkpoint step=(?P<step>\d+)"
-    r"|successfully loaded checkpoint .* at iteration\s+(?P<it>\d+)"
+    r"|successfully loaded checkpoint .{0,1024}? at iteration[ \t]{1,64}(?P<it>\d+)"
 )
+# Both markers hold this: a line without it is never matched against them.
+MARKER_LITERAL = "checkpoint"
 DEFAULT_K = 10.0
+# Ranks a tracker follows at most, whatever rank numbers a job prints (the job's task count
+# when the caller knows it).
+MAX_RANKS = 4096
+# Characters of a line looked at (a marker is short; a hostile line may be megabytes).
+MAX_LINE = 4096
 
 _SRUN_LABEL = re.compile(r"^[ \t]*(?:P\d+ )?(\d+): ")
 _TORCH_RANK = re.compile(r"^\[rank(\d+)\]: ?")
@@ -46,11 +55,18 @@ class ProgressTracker:
     A rank is named by its ``srun -l`` label, else a leading ``[rank<r>]:``, else a
     ``rank=<r>`` field; lines with none of these count as one anonymous stream (rank None).
     A step counts as progress only when it is higher than the rank's last one; a resume marker
-    starts a new attempt and forgets every rank's step (until they print again).
+    starts a new attempt and forgets every rank's step (until they print again). At most
+    ``max_ranks`` ranks are followed (numbers from 0 to max_ranks - 1): a line naming another
+    rank is counted in ``ignored_lines``, never kept.
     """
 
     def __init__(
-        self, pattern: str | None = None, *, k: float = DEFAULT_K, window: int = 64
+        self,
+        pattern: str | None = None,
+        *,
+        k: float = DEFAULT_K,
+        window: int = 64,
+        max_ranks: int = MAX_RANKS,
     ) -> None:
         self._pattern = re.compile(pattern or DEFAULT_PROGRESS_PATTERN)
         if "step" not in self._pattern.groupindex:
@@ -61,6 +77,8 @@ class ProgressTracker:
         self.rank_nodes: dict[int, str] = {}
         self.last_checkpoint_step: int | None = None
         self.resumed_step: int | None = None
+        self.max_ranks = max(1, min(max_ranks, MAX_RANKS))
+        self.ignored_lines = 0
 
     @property
     def ranks(self) -> dict[int | None, RankProgress]:
@@ -77,27 +95,31 @@ class ProgressTracker:
 
     def observe(self, line: str, now: float) -> bool:
         """Take one log line; True when it moved some rank forward."""
-        rank, body = _split_rank(line)
-        resumed = RESUME_PATTERN.search(body)
-        if resumed:
-            # A new attempt: step numbers start again from the checkpoint on every rank.
-            self.resumed_step = _step(resumed)
-            self._ranks.clear()
-            return False
-        saved = CHECKPOINT_PATTERN.search(body)
-        if saved:
-            self.last_checkpoint_step = max(self.last_checkpoint_step or 0, _step(saved))
-            return False
+        rank, body = _split_rank(line[:MAX_LINE])
+        if MARKER_LITERAL in body:
+            resumed = RESUME_PATTERN.search(body)
+            if resumed:
+                # A new attempt: step numbers start again from the checkpoint on every rank.
+                self.resumed_step = _step(resumed)
+                self._ranks.clear()
+                return False
+            saved = CHECKPOINT_PATTERN.search(body)
+            if saved:
+                self.last_checkpoint_step = max(self.last_checkpoint_step or 0, _step(saved))
+                return False
         found = self._pattern.search(body)
         if not found:
             return False
         if rank is None:
             field = _RANK_FIELD.search(body)
-            rank = int(field.group(1)) if field else None
+            rank = int(field.group(1)[:9]) if field else None
+        if rank is not None and not 0 <= rank < self.max_ranks:
+            self.ignored_lines += 1
+            return False
         node = _NODE_FIELD.search(body)
         if node and rank is not None:
             self.rank_nodes[rank] = node.group(1)
-        step = int(found.group("step"))
+        step = int(found.group("step")[:18])
         previous = self._ranks.get(rank)
         if previous is not None and step <= previous.step:
             return False
@@ -138,8 +160,12 @@ class ProgressTracker:
     @staticmethod
     def resumed_from(text: str) -> int | None:
         """The step of the last resume marker in ``text``, if any."""
-        found = list(RESUME_PATTERN.finditer(text))
-        return _step(found[-1]) if found else None
+        last: int | None = None
+        for line in text.splitlines():
+            if MARKER_LITERAL in line:
+                found = RESUME_PATTERN.search(line[:MAX_LINE])
+                last = _step(found) if found else last
+        return last
 
 
 def _split_rank(line: str) -> tuple[int | None, str]:
@@ -149,10 +175,10 @@ def _split_rank(line: str) -> tuple[int | None, str]:
     for prefix in (_SRUN_LABEL, _TORCH_RANK):
         found = prefix.match(body)
         if found:
-            rank = int(found.group(1)) if rank is None else rank
+            rank = int(found.group(1)[:9]) if rank is None else rank
             body = body[found.end() :]
     return rank, body
 
 
 def _step(found: re.Match[str]) -> int:
-    return int(found.group("step") or found.group("it"))
+    return int((found.group("step") or found.group("it"))[:18])

@@ -12,6 +12,7 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from importlib import resources
@@ -26,6 +27,10 @@ from relaunch.detection.scanner import make_prefilter
 from relaunch.models.recovery import Category
 
 MAX_TEXT = 500
+# Lines are matched on their first MAX_LINE bytes (characters for text): every failure line in
+# the reference is far shorter, and a bound keeps any pattern's cost per line bounded whatever a
+# job prints. Longer lines are cut, never skipped, and counted in ScanStats.
+MAX_LINE = 4096
 _ALLOWED_GROUPS = frozenset({"host", "xid"})
 _GLOBAL_FLAGS = re.compile(r"^\(\?[aiLmsux]+\)")
 
@@ -139,6 +144,14 @@ class SignatureMatch(BaseModel):
     timestamp: datetime | None = Field(default=None, description="the line's own time, in UTC")
 
 
+@dataclass
+class ScanStats:
+    """What a scan did beyond matching, for the caller to report (the watcher's counters, a
+    bundle's attribution)."""
+
+    cut_lines: int = 0  # candidate lines longer than MAX_LINE, matched on their start only
+
+
 class _Compiled(NamedTuple):
     signature: Signature
     regex: re.Pattern[str]
@@ -187,7 +200,9 @@ class Catalogue:
     def match_line(
         self, line: str, *, line_no: int, source: str, source_node: str | None = None
     ) -> SignatureMatch | None:
-        """The first entry, in catalogue order, that matches ``line`` (no newline), or None."""
+        """The first entry, in catalogue order, that matches ``line`` (no newline), or None.
+        Only the first :data:`MAX_LINE` characters are looked at."""
+        line = line[:MAX_LINE]
         prefix = _PREFIX.match(line)
         assert prefix is not None  # every part of the prefix is optional
         body = line[prefix.end() :]
@@ -206,11 +221,13 @@ class Catalogue:
         source: str,
         first_line_no: int = 1,
         source_node: str | None = None,
+        stats: ScanStats | None = None,
     ) -> list[SignatureMatch]:
         """Match every line of ``data`` (UTF-8, newline-separated; a last line without its
-        newline counts); line numbers start at ``first_line_no``."""
+        newline counts); line numbers start at ``first_line_no``. Lines longer than
+        :data:`MAX_LINE` are matched on their start and counted in ``stats``."""
         out: list[SignatureMatch] = []
-        for index, line in self._candidates(data):
+        for index, line in self._candidates(data, stats):
             found = self.match_line(
                 line, line_no=first_line_no + index, source=source, source_node=source_node
             )
@@ -219,13 +236,19 @@ class Catalogue:
         return out
 
     def scan_lines(
-        self, lines: Iterable[tuple[int, str]], *, source: str, source_node: str | None = None
+        self,
+        lines: Iterable[tuple[int, str]],
+        *,
+        source: str,
+        source_node: str | None = None,
+        stats: ScanStats | None = None,
     ) -> list[SignatureMatch]:
-        """Match numbered lines, each without its newline (as :class:`LineBuffer` yields them)."""
+        """Match numbered lines, each without its newline (as :class:`LineBuffer` yields them);
+        lines longer than :data:`MAX_LINE` are matched on their start and counted in ``stats``."""
         numbered = list(lines)
         data = "\n".join(line for _, line in numbered).encode("utf-8", "surrogatepass")
         out: list[SignatureMatch] = []
-        for index, _ in self._candidates(data):
+        for index, _ in self._candidates(data, stats):
             no, line = numbered[index]
             found = self.match_line(line, line_no=no, source=source, source_node=source_node)
             if found is not None:
@@ -239,29 +262,39 @@ class Catalogue:
         source: str,
         first_line_no: int = 1,
         source_node: str | None = None,
+        stats: ScanStats | None = None,
     ) -> list[SignatureMatch]:
         """Match every line of ``text``; line numbers start at ``first_line_no``."""
         data = text.encode("utf-8", "surrogatepass")
         return self.scan_bytes(
-            data, source=source, first_line_no=first_line_no, source_node=source_node
+            data,
+            source=source,
+            first_line_no=first_line_no,
+            source_node=source_node,
+            stats=stats,
         )
 
-    def _candidates(self, data: bytes) -> Iterator[tuple[int, str]]:
-        """(0-based line index, decoded line without its line end) for each line the prefilter
-        names, in order. Line numbers come from counting newlines between candidates only."""
+    def _candidates(self, data: bytes, stats: ScanStats | None) -> Iterator[tuple[int, str]]:
+        """(0-based line index, decoded line without its line end, cut at MAX_LINE bytes) for
+        each line the prefilter names, in order. Line numbers come from counting newlines
+        between candidates only."""
         index = 0
         counted_to = 0
-        last_start = -1
+        line_end = -1  # the newline (or end) of the last line yielded
         for pos in sorted(self._prefilter.offsets(data)):
-            start = data.rfind(b"\n", 0, pos) + 1
-            if start == last_start:
-                continue
-            last_start = start
+            if pos <= line_end:
+                continue  # another hit on the same line
+            # Searching back only to the last line's end keeps this linear however many hits
+            # a long line has.
+            start = data.rfind(b"\n", line_end + 1, pos) + 1 or line_end + 1
             end = data.find(b"\n", pos)
-            if end == -1:
-                end = len(data)
+            line_end = end = len(data) if end == -1 else end
             index += data.count(b"\n", counted_to, start)
             counted_to = start
+            if end - start > MAX_LINE:
+                end = start + MAX_LINE
+                if stats is not None:
+                    stats.cut_lines += 1
             line = data[start:end].decode("utf-8", errors="replace").removesuffix("\r")
             yield index, line
 

@@ -24,6 +24,9 @@ _STEP_TIME = re.compile(
     r"|elapsed time per iteration \(ms\): (?P<ms>\d+(?:\.\d+)?)"
 )
 SLOW_FACTOR = 2.0
+# A line that can carry a collective timeout holds this: a literal search finds them anywhere
+# in a log, where the other lines the rules read (labels, step times) come from its two ends.
+STRAGGLER_LITERALS = (b"WorkNCCL(SeqNum=",)
 
 
 @dataclass

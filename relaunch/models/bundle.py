@@ -32,6 +32,11 @@ class BundleJob(BaseModel):
         default=None, description="a job line stamped before this (or in the future) is ignored"
     )
     user: str = Field(default="", description="the job's owner (cross-user corroboration)")
+    refused_paths: dict[str, str] = Field(
+        default_factory=dict,
+        description="job output files not read (path → why: not a regular file, a symbolic "
+        "link, outside the allowed roots, or not readable by the job's user)",
+    )
 
     def rank_node(self, rank: int) -> str | None:
         """The node a rank ran on: the explicit map, else one task per node in order."""
@@ -95,6 +100,14 @@ class Bundle(BaseModel):
 
     path: str
     job: BundleJob
-    job_log: str = ""
+    job_log: str = Field(
+        default="",
+        description="the job's log; for a log read from disk larger than the inline limit, "
+        "only its end (the whole log is at job_log_file)",
+    )
+    # Additive: a big log stays on disk and is scanned from there in chunks.
+    job_log_file: str | None = Field(
+        default=None, description="the job log on disk, when job_log holds only its end"
+    )
     node_logs: dict[str, str] = Field(default_factory=dict)
     telemetry: list[TelemetrySample] = Field(default_factory=list)

@@ -1,9 +1,11 @@
 """Hostlist expressions as Slurm prints them in squeue/sinfo output and accepts in --exclude."""
 
+import time
+
 import pytest
 
 from relaunch.models.errors import InvalidNameError
-from relaunch.models.hostlist import compress, expand
+from relaunch.models.hostlist import compress, count, expand
 
 
 @pytest.mark.parametrize(
@@ -72,3 +74,34 @@ def test_compress(hosts: list[str], expr: str) -> None:
 def test_expand_compress_round_trip(expr: str) -> None:
     hosts = expand(expr)
     assert expand(compress(hosts)) == hosts
+
+
+def test_a_hostlist_past_the_default_cap_is_refused_without_expanding() -> None:
+    # 52 bytes that would be a billion names: refused at once, nothing allocated.
+    started = time.process_time()
+    with pytest.raises(InvalidNameError, match="more than 65536 hosts"):
+        expand("a[0-999][0-999][0-999]")
+    with pytest.raises(InvalidNameError, match="more than"):
+        expand("n[0-99999999999]")
+    assert time.process_time() - started < 0.5
+    assert count("a[0-999][0-999][0-999]") == 10**9
+
+
+def test_the_callers_bound_caps_the_expansion() -> None:
+    assert expand("n[1-4]", limit=4) == ["n1", "n2", "n3", "n4"]
+    with pytest.raises(InvalidNameError, match="more than 3 hosts"):
+        expand("n[1-4]", limit=3)
+    with pytest.raises(InvalidNameError, match="more than 3 hosts"):
+        expand("a,b,n[1-2]", limit=3)
+
+
+def test_absurd_numbers_are_refused_not_crashed_on() -> None:
+    with pytest.raises(InvalidNameError, match="too long"):
+        expand("n[" + "9" * 5000 + "]")
+    assert compress(["n" + "1" * 5000]) == "n" + "1" * 5000
+
+
+def test_errors_quote_a_huge_expression_shortened() -> None:
+    with pytest.raises(InvalidNameError) as err:
+        expand("n[" + "x" * 100_000 + "]")
+    assert len(str(err.value)) < 300

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from relaunch.detection.progress import MEGATRON_PROGRESS_PATTERN, ProgressTracker
+from relaunch.detection.progress import MAX_RANKS, MEGATRON_PROGRESS_PATTERN, ProgressTracker
 
 
 def feed(
@@ -107,3 +109,34 @@ def test_the_default_marker_is_the_start_of_the_line() -> None:
     tracker = ProgressTracker()
     assert not tracker.observe("0: warming up, next step=5 soon", 1.0)
     assert tracker.ranks == {}
+
+
+def test_rank_numbers_past_the_job_s_tasks_are_ignored_not_kept() -> None:
+    tracker = ProgressTracker(max_ranks=4)
+    for rank in range(100_000):  # a job printing a new "rank" on every line
+        tracker.observe(f"step=1 loss=0.1 rank={rank} node=n{rank}", now=1.0)
+    assert sorted(r for r in tracker.ranks if r is not None) == [0, 1, 2, 3]
+    assert len(tracker.rank_nodes) == 4
+    assert tracker.ignored_lines == 100_000 - 4
+
+
+def test_the_hard_cap_bounds_a_tracker_that_does_not_know_the_task_count() -> None:
+    tracker = ProgressTracker(max_ranks=10**9)
+    assert tracker.max_ranks == MAX_RANKS
+    tracker.observe(f"{MAX_RANKS}: step=1 loss=0.1", now=1.0)
+    assert tracker.ranks == {} and tracker.ignored_lines == 1
+
+
+def test_a_hostile_line_costs_progress_tracking_milliseconds() -> None:
+    tracker = ProgressTracker(MEGATRON_PROGRESS_PATTERN)
+    lines = [
+        "mlx5_core " * 16000 + "Segmentation fault",
+        "successfully loaded checkpoint " * 5000,
+        "] iteration " * 10000,
+        "checkpoint saved step=" * 10000,
+    ]
+    started = time.process_time()
+    for line in lines:
+        tracker.observe(line, now=1.0)
+    assert time.process_time() - started < 0.5
+    assert tracker.resumed_step is None and tracker.max_step is None

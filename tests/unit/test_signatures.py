@@ -4,6 +4,8 @@ nothing matches ordinary training output, prefixes are handled, and scanning is 
 from __future__ import annotations
 
 import json
+import re
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +14,14 @@ from pydantic import ValidationError
 
 from relaunch.detection.lines import LineBuffer
 from relaunch.detection.literals import required_literals
-from relaunch.detection.signatures import Catalogue, Culprit, Role, Signature
+from relaunch.detection.signatures import (
+    MAX_LINE,
+    Catalogue,
+    Culprit,
+    Role,
+    ScanStats,
+    Signature,
+)
 from relaunch.models.recovery import Category
 
 CATALOGUE = Catalogue.load()
@@ -459,3 +468,118 @@ def test_scan_engines_handle_crlf_and_a_last_line_without_newline(
 def test_unknown_scan_engine_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown scan engine"):
         Catalogue.load(engine="grep")
+
+
+# ------------------------------------------------------------------ hostile lines, linear time
+
+ADVERSARIAL_SIZE = 32 << 10
+# Per (pattern, string): a linear pattern takes under a millisecond on 32 KB; a quadratic one
+# (a `.*` retried from every occurrence of its literal) takes seconds.
+PER_SEARCH_BUDGET_S = 0.25
+_GENERIC = [
+    "mlx5_core ",
+    "1",
+    " ",
+    ":",
+    "[",
+    "]",
+    "[0]",
+    "a:",
+    "0: ",
+    "a",
+    "a.",
+    "-",
+    "=",
+    "(",
+    ")",
+    "1:",
+    "a1",
+    "\t",
+    ": ",
+    "[1] ",
+    "a:1:1 ",
+    "'",
+    "rank=1 ",
+    "step=1 ",
+]
+
+
+def _adversarial(literals: list[str]) -> list[str]:
+    out = [(word * (ADVERSARIAL_SIZE // len(word) + 1))[:ADVERSARIAL_SIZE] for word in _GENERIC]
+    out.append("mlx5_core " * 16000 + "Segmentation fault")  # attack row 7, 160 KB
+    for word in literals:
+        out.append((word + " ") * (ADVERSARIAL_SIZE // (len(word) + 1)))
+        out.append(word * (ADVERSARIAL_SIZE // len(word)))
+        out.append((word + "x" * 40) * (ADVERSARIAL_SIZE // (len(word) + 40)))
+    return out
+
+
+def _every_pattern() -> list[tuple[str, re.Pattern[str]]]:
+    """Every regex that runs on job-controlled text: the catalogue, the prefix and time parsers,
+    progress, resume, checkpoint and straggler markers, and the bundle's mapping lines."""
+    from relaunch.detection import findings, lines, progress, signatures, straggler
+
+    out = [(s.id, re.compile(s.pattern)) for s in CATALOGUE.signatures]
+    out += [
+        ("prefix", signatures._PREFIX),
+        ("pg_rank", signatures._PG_RANK),
+        ("timestamp", lines._TIMESTAMP),
+        ("checkpoint", progress.CHECKPOINT_PATTERN),
+        ("resume", progress.RESUME_PATTERN),
+        ("progress", re.compile(progress.DEFAULT_PROGRESS_PATTERN)),
+        ("megatron", re.compile(progress.MEGATRON_PROGRESS_PATTERN)),
+        ("srun_label", progress._SRUN_LABEL),
+        ("rank_field", progress._RANK_FIELD),
+        ("node_field", progress._NODE_FIELD),
+        ("straggler_label", straggler._LABEL),
+        ("straggler_pg_rank", straggler._PG_RANK),
+        ("seqnum", straggler._SEQNUM),
+        ("step_time", straggler._STEP_TIME),
+        ("nccl_address", findings._NCCL_ADDRESS),
+        ("peer", findings._PEER),
+        ("reporter", findings._REPORTER),
+        ("torchrun_entry", findings._TORCHRUN_ENTRY),
+    ]
+    return out
+
+
+@pytest.mark.parametrize(("name", "regex"), _every_pattern(), ids=lambda v: str(v)[:30])
+def test_every_pattern_is_linear_on_hostile_lines(name: str, regex: re.Pattern[str]) -> None:
+    literals = required_literals(regex.pattern) or []
+    slowest, worst = 0.0, ""
+    for text in _adversarial(literals):
+        started = time.process_time()
+        regex.search(text)
+        took = time.process_time() - started
+        if took > slowest:
+            slowest, worst = took, text[:40]
+    assert slowest < PER_SEARCH_BUDGET_S, f"{name}: {slowest:.2f}s on {worst!r}…"
+
+
+def test_a_160kb_line_costs_the_scan_milliseconds_and_is_counted_as_cut() -> None:
+    # Attack row 7's line, ending in a catalogue phrase 160 KB in (mlx5_fatal).
+    hostile = ("mlx5_core " * 16000 + "health compromised\n").encode()
+    data = hostile * 4 + b"0: RuntimeError: CUDA error: an illegal memory access\n"
+    stats = ScanStats()
+    started = time.process_time()
+    found = CATALOGUE.scan_bytes(data, source="job_log", stats=stats)
+    assert time.process_time() - started < 1.0
+    # The phrase sits past the match limit: the hostile lines are matched on their first 4 KiB
+    # (nothing there) and counted; the ordinary line after them matches at its own number.
+    assert [(m.signature, m.line_no) for m in found] == [("cuda_error", 5)]
+    assert stats.cut_lines == 4
+
+
+def test_a_long_line_is_matched_on_its_start() -> None:
+    line = "0: RuntimeError: CUDA error: an illegal memory access " + "x" * (MAX_LINE * 4)
+    stats = ScanStats()
+    (found,) = CATALOGUE.scan(line + "\n", source="job_log", stats=stats)
+    assert found.signature == "cuda_error" and stats.cut_lines == 1
+    assert len(found.text) <= 500
+
+
+def test_many_hits_on_one_long_line_stay_linear() -> None:
+    data = ("Segmentation fault " * 200_000 + "\n").encode()  # 3.8 MB, 200,000 hits
+    started = time.process_time()
+    CATALOGUE.scan_bytes(data, source="job_log")
+    assert time.process_time() - started < 2.0

@@ -46,3 +46,24 @@ def test_a_slow_rank_by_its_own_step_times() -> None:
 
 def test_nothing_to_say_without_timeouts_or_timings() -> None:
     assert find_stragglers(["0: step=1 loss=0.3 rank=0"]).ranks == []
+
+
+def test_the_straggler_rules_see_timeouts_anywhere_in_a_big_log() -> None:
+    # Attribution hands the rules a bounded choice of lines (the head, the last 4 MiB and every
+    # collective timeout), not the whole log: timeouts buried under later noise still count.
+    from datetime import UTC, datetime
+
+    from relaunch.detection.findings import STRAGGLER_TAIL, collect
+    from relaunch.detection.signatures import Catalogue
+    from relaunch.models.bundle import Bundle, BundleJob
+
+    head = "".join(f"{r}: step=1 loss=0.1 rank={r}\n" for r in range(4))
+    timeouts = "".join(timeout(r, 77 if r != 2 else 76) + "\n" for r in range(4))
+    noise = "0: gpu1:1:1 [0] NCCL INFO Channel 00/32 : 0[0] -> 1[1] via NET/IB/0\n"
+    log = head + noise * 50_000 + timeouts + noise * (2 * STRAGGLER_TAIL // len(noise))
+    job = BundleJob(
+        cluster="c", job_id="1", state="RUNNING", nodes=["n1"], observed_at=datetime.now(UTC)
+    )
+    found = collect(Bundle(path="m", job=job, job_log=log), Catalogue.load())
+    assert len(found.job_lines) < 100_000 < log.count("\n")
+    assert find_stragglers(found.job_lines).lagging == [2]
