@@ -16,6 +16,14 @@ The rules, in the order they are tried (failure-signatures.md §1 and §3):
    nodes is named, at low confidence.
 
 Cascade, teardown and context lines never decide; they are folded into counts.
+
+Trust (docs/trust.md): every finding is trusted or job-controlled by where it was read. The
+job's output (``logs/job.log``) is job-controlled whatever it looks like; a node's kernel log,
+agent telemetry, Slurm's node states and Relaunch's own probes are trusted. Job-controlled
+evidence may name a culprit, but only trusted evidence corroborates it (``Verdict.corroboration``)
+and only a corroborated culprit is drained by default: the others are excluded from the job's
+restart. Printed banners that end a recovery count only for this job and never overrule a
+trusted hardware root.
 """
 
 from __future__ import annotations
@@ -47,6 +55,16 @@ _TEARDOWN_SIGNALS = frozenset(
     {"nccl_teardown", "nccl_watchdog_timeout", "nccl_watchdog_exception", "nccl_heartbeat_timeout"}
 )
 REPEAT_OFFENDER = 3
+# The trusted sources a culprit's corroboration can name (docs/trust.md).
+KERNEL_LOG = "kernel_log"
+TELEMETRY = "telemetry"
+SLURM_NODE_STATE = "slurm_node_state"
+PROBE = "probe"
+REPUTATION = "reputation"
+# Findings of these categories on a node are a fault of that node when a trusted source has them.
+_CONVICTING = NODE_CATEGORIES | {Category.HANG}
+# `*** JOB 12 ON n1 CANCELLED ...`, `*** STEP 12.0 ...`: the id of the job the banner is about.
+_BANNER_ID = re.compile(r"\*\*\* (?:JOB|STEP) (?P<id>\S+) ")
 
 
 def attribute_bundle(
@@ -60,6 +78,7 @@ def attribute_bundle(
     verdict. ``reputation`` is each node's count of recent incidents that implicated it."""
     cat = catalogue or Catalogue.load()
     found = collect(bundle, cat)
+    found.items = [f for f in found.items if not _foreign_banner(f, bundle.job.job_id)]
     verdict = _decide(bundle, found)
     folded = Counter(f.signature for f in found.by_role(Role.CASCADE, Role.TEARDOWN))
     verdict.folded = dict(sorted(folded.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -70,18 +89,74 @@ def attribute_bundle(
         Category.NODE_FAILURE,
     ):
         _apply_reputation(verdict, bundle, reputation or {}, repeat_offender)
+    verdict.corroboration = corroborate(bundle, found, verdict)
+    verdict.action = default_action(verdict.category, verdict.culprit_nodes, verdict.corroboration)
+    if verdict.repeat_offenders:  # drain and check the hardware, whatever the category says
+        verdict.action = Action.ISOLATE_AND_RESTART
+    if verdict.action is Action.EXCLUDE_AND_RESTART:
+        # A job's own output can be written to name any node: how sure the line is of its
+        # node says nothing about whether the node is at fault.
+        verdict.confidence = min(verdict.confidence, 0.7)
+        named = ", ".join(n for n, by in verdict.corroboration.items() if not by)
+        verdict.summary += f"; named only by the job's output: {named} (excluded, not drained)"
     return verdict
 
 
+def trusted_source(path: str) -> str | None:
+    """The trusted source a finding was read from, by its path in the bundle; None when the
+    job could have written it (its output)."""
+    if path.startswith("nodes/"):
+        return KERNEL_LOG
+    if path.startswith("telemetry"):
+        return TELEMETRY
+    return None
+
+
+def corroborate(bundle: Bundle, found: Findings, verdict: Verdict) -> dict[str, list[str]]:
+    """Each culprit's trusted sources: a fault the node's kernel log or telemetry reports on it
+    during the job, Slurm listing it down, Relaunch's probe getting no answer, or (for a repeat
+    offender) its record of incidents with trusted evidence. [] = named by the job alone."""
+    job = bundle.job
+    out: dict[str, list[str]] = {}
+    for node in verdict.culprit_nodes:
+        sources = {
+            src
+            for f in found.items
+            if f.node == node
+            and f.role is Role.ROOT
+            and f.category in _CONVICTING
+            and (src := trusted_source(f.path))
+        }
+        if node in job.nodes and _down_in_slurm(job.node_states.get(node, "")):
+            sources.add(SLURM_NODE_STATE)
+        if node in job.nodes and node in job.unreachable_nodes:
+            sources.add(PROBE)
+        if node in verdict.repeat_offenders:
+            sources.add(REPUTATION)
+        out[node] = sorted(sources)
+    return out
+
+
 def implicated(verdict: Verdict, bundle: Bundle) -> list[str]:
-    """The nodes this incident counts against in their reputation: the culprits the evidence
-    named, or every allocated node when a node-class or unexplained failure named none (a
-    name given for reputation alone is not evidence). A failure that was nobody's (application,
-    cancellation, time limit) implicates no node."""
+    """The nodes this incident counts against in their reputation: those a trusted source
+    implicates — a culprit corroborated by this incident's trusted evidence, or an allocated
+    node whose kernel log or telemetry holds one of the verdict's root lines. A node named by
+    the job's output alone, or for its reputation alone, is not charged; nor is any node for a
+    failure that was nobody's (application, cancellation, time limit)."""
     if verdict.category not in _IMPLICATING:
         return []
-    named = [n for n in verdict.culprit_nodes if n not in verdict.repeat_offenders]
-    return named or sorted(bundle.job.nodes)
+    charged = {n for n, sources in verdict.corroboration.items() if set(sources) - {REPUTATION}}
+    charged |= {
+        e.node
+        for e in verdict.evidence
+        if e.trusted and e.role == Role.ROOT.value and e.node in bundle.job.nodes
+    }
+    return sorted(n for n in charged if n is not None)
+
+
+def suspects(verdict: Verdict) -> list[str]:
+    """Culprits named by job-controlled evidence alone (what other users' jobs may confirm)."""
+    return sorted(n for n, sources in verdict.corroboration.items() if not sources)
 
 
 def _decide(bundle: Bundle, found: Findings) -> Verdict:
@@ -93,16 +168,19 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     # scancel shows in the job's log at once, while Slurm may still list the job RUNNING or
     # COMPLETING for a moment: a cancel of the whole job (not a step: srun kills a step the same
     # way after a bad exit) is the user's, whatever its dying ranks print after it.
+    # The banner is printed into the job's own output, so it is job-controlled: it never
+    # overrules a fault a trusted source reports on one of the job's nodes.
+    hardware = _trusted_hardware_root(bundle, roots)
     job_cancels = [
         f for f in roots if f.signature == "slurm_cancelled" and _JOB_CANCEL.search(f.match.text)
     ]
-    if job_cancels and state in ("", "RUNNING", "COMPLETING", "CANCELLED"):
+    if job_cancels and not hardware and state in ("", "RUNNING", "COMPLETING", "CANCELLED"):
         return _verdict(Category.USER_CANCEL, [], 0.9, job_cancels[:3], "job cancelled (scancel)")
     # Likewise Slurm's preemption line comes before the state settles (and a requeued job is
     # soon PENDING again): the line decides, not the momentary state.
     preempted = [f for f in roots if f.signature == "slurm_preemption"]
     if state == "PREEMPTED" or (
-        preempted and state in ("", "RUNNING", "COMPLETING", "PENDING", "REQUEUED")
+        preempted and not hardware and state in ("", "RUNNING", "COMPLETING", "PENDING", "REQUEUED")
     ):
         return _verdict(Category.PREEMPTION, [], 0.95, _first(roots, "slurm_"), "job preempted")
 
@@ -207,11 +285,7 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
             "the driver, not the GPUs",
         )
     dead = sorted(
-        {
-            n
-            for n, st in job.node_states.items()
-            if n in job.nodes and any(w in st.upper() for w in _DOWN_WORDS)
-        }
+        {n for n, st in job.node_states.items() if n in job.nodes and _down_in_slurm(st)}
         | {n for n in job.unreachable_nodes if n in job.nodes}
     )
     if not by_node and not dead:
@@ -231,6 +305,40 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
     cascades = len(found.by_role(Role.CASCADE))
     summary = "; ".join(parts) + f"; {cascades} cascade line(s) on other ranks"
     return _verdict(category, culprits, confidence, evidence, summary)
+
+
+def _down_in_slurm(state: str) -> bool:
+    """DOWN, FAIL or not responding: our own ``+NOT_RESPONDING`` flag or sinfo's ``*``."""
+    return state.strip().endswith("*") or any(w in state.upper() for w in _DOWN_WORDS)
+
+
+def _trusted_hardware_root(bundle: Bundle, roots: list[Finding]) -> bool:
+    """Whether a kernel log or telemetry reports a node-level fault on one of the job's nodes
+    (a contained error, which a restart clears, is not one)."""
+    return any(
+        f.category in NODE_CATEGORIES
+        and f.signature not in CONTAINED
+        and f.node in bundle.job.nodes
+        and trusted_source(f.path)
+        for f in roots
+    )
+
+
+def _foreign_banner(f: Finding, job_id: str) -> bool:
+    """A Slurm ``*** JOB|STEP <id> ...`` banner about some other job: printed text, not news
+    of this one (a step id counts for its job; an array or heterogeneous job's ``12_3`` /
+    ``12+1`` for ``12`` and the other way round)."""
+    found = _BANNER_ID.search(f.match.text) if f.signature.startswith("slurm_") else None
+    return found is not None and not _names_job(found["id"], job_id)
+
+
+def _names_job(banner_id: str, job_id: str) -> bool:
+    named = banner_id.split(".", 1)[0]  # a step: 12.0, 12.batch
+    return job_id in (named, _base_id(named)) or named == _base_id(job_id)
+
+
+def _base_id(job_id: str) -> str:
+    return re.split(r"[_+]", job_id, maxsplit=1)[0]
 
 
 def _confidence(f: Finding, bundle: Bundle) -> float:
@@ -309,7 +417,6 @@ def _apply_reputation(
         return
     verdict.culprit_nodes = offenders
     verdict.confidence = min(verdict.confidence, 0.5)
-    verdict.action = Action.ISOLATE_AND_RESTART
     counts = ", ".join(f"{n} ({reputation[n]} incidents)" for n in offenders)
     verdict.summary += f"; repeat offender(s) in this job: {counts} — drain and check the hardware"
     verdict.repeat_offenders = offenders
@@ -354,6 +461,7 @@ def _verdict(
             role=f.match.role,
             node=f.node,
             count=counts[(f.signature, f.node, f.path)],
+            trusted=trusted_source(f.path) is not None,
         )
         for f in findings[:20]
     ]
@@ -361,7 +469,7 @@ def _verdict(
         category=category,
         culprit_nodes=culprits,
         confidence=confidence,
-        action=default_action(category, culprits),
+        action=default_action(category, culprits, {}),
         evidence=evidence,
         summary=summary,
     )

@@ -1,14 +1,18 @@
 """From a verdict to an action plan, under policy: the design's category → action map, the
-restart budget, and the blast-radius guard. Pure: the caller supplies the history."""
+trust model (only a corroborated culprit is drained; one named by the job's output alone is
+excluded from this job's restart and marked suspect; suspicion from jobs of enough different
+users corroborates), the restart budget, and the blast-radius guard. Pure: the caller supplies
+the history."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
 from relaunch.models.recovery import (
+    RESTARTING,
     Action,
     ActionPlan,
     Category,
@@ -22,7 +26,8 @@ DEFAULT_ACTIONS: dict[Category, Action] = {
     Category.GPU_HARDWARE: Action.ISOLATE_AND_RESTART,
     Category.NETWORK: Action.ISOLATE_AND_RESTART,
     Category.NODE_FAILURE: Action.ISOLATE_AND_RESTART,
-    Category.HANG: Action.ISOLATE_AND_RESTART,  # restart only, when no culprit is known
+    # Exclude instead, where a culprit is not corroborated; restart only, where none is known.
+    Category.HANG: Action.ISOLATE_AND_RESTART,
     Category.INFRASTRUCTURE: Action.RESTART,
     Category.APPLICATION: Action.HOLD,
     Category.PREEMPTION: Action.NONE,
@@ -32,22 +37,42 @@ DEFAULT_ACTIONS: dict[Category, Action] = {
 }
 
 
-def default_action(category: Category, culprits: list[str]) -> Action:
-    """The design's map from category to action."""
+SUSPECTED_BY_USERS = "suspected_by_users"
+
+
+def default_action(
+    category: Category, culprits: Sequence[str], corroboration: Mapping[str, Sequence[str]]
+) -> Action:
+    """The design's map from category to action: a node-level failure isolates its culprits
+    when a trusted source corroborates every one of them, else excludes them from this job's
+    restart (draining nothing); with no culprit it restarts."""
     action = DEFAULT_ACTIONS[category]
     if action is Action.ISOLATE_AND_RESTART and not culprits:
         return Action.RESTART
+    if action is Action.ISOLATE_AND_RESTART and not all(corroboration.get(n) for n in culprits):
+        return Action.EXCLUDE_AND_RESTART
     return action
 
 
 class PlanHistory(BaseModel):
-    """What the planner needs to know about the past (read from the audit trail)."""
+    """What the planner needs to know about the past (read from the audit trail and a fresh
+    read of the scheduler's nodes)."""
 
     restarts_in_window: int = 0
-    drained_in_window: list[str] = Field(default_factory=list)
+    drained_in_window: list[str] = Field(
+        default_factory=list,
+        description="nodes Relaunch drained in the guard's window that are still out of service",
+    )
     partition_size: int = 0
     previous_unknown: bool = False
-    already_drained: list[str] = Field(default_factory=list)
+    already_drained: list[str] = Field(
+        default_factory=list, description="the job's nodes already drained (by anyone)"
+    )
+    suspected_by: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="node → the users whose jobs named it by job-controlled evidence alone in "
+        "the suspicion window (this job's user included)",
+    )
 
 
 def drain_limit(policy: Policy, partition_size: int) -> int:
@@ -83,20 +108,36 @@ def make_plan(
     policy: Policy,
     history: PlanHistory,
 ) -> ActionPlan:
+    """The plan for one verdict. Only culprits a trusted source corroborates (or the jobs of
+    ``policy.suspect_users`` different users suspect) are drained; the others are excluded
+    from this job's restart and listed as suspects. A blast-radius refusal keeps the plan but
+    marks it as needing an operator's override; an exhausted budget holds."""
     job = evidence.job
     mode = policy.mode_for(job.partition, verdict.category)
-    action = default_action(verdict.category, verdict.culprit_nodes)
-    reasons = [f"{verdict.category.value} → {action.value} (design default)"]
-    guards: list[GuardDecision] = []
-
     # An application error never blames a node, whatever the verdict's culprits say.
     culprits = [] if verdict.category is Category.APPLICATION else list(verdict.culprit_nodes)
+    corroboration = _corroboration(verdict, culprits, policy, history)
+    action = default_action(verdict.category, culprits, corroboration)
+    reasons = [f"{verdict.category.value} → {action.value} (design default)"]
+    guards: list[GuardDecision] = []
+    suspects = [n for n in culprits if not corroboration[n]]
+    by_users = [n for n in culprits if corroboration[n] == [SUSPECTED_BY_USERS]]
+    if by_users:
+        reasons.append(
+            f"{', '.join(by_users)} named by the jobs of {policy.suspect_users}+ different "
+            f"users in {policy.suspect_window_hours:g} h: corroborated"
+        )
+    if suspects and action is Action.EXCLUDE_AND_RESTART:
+        reasons.append(
+            f"{', '.join(suspects)} named only by the job's output (no trusted source confirms "
+            "it): excluded from this job's restart, suspect, not drained"
+        )
 
     if verdict.category is Category.UNKNOWN and history.previous_unknown:
         action = Action.HOLD
         reasons.append("unknown cause for the second time: hold for a human")
 
-    offenders = [n for n in verdict.repeat_offenders if n in culprits]
+    offenders = [n for n in verdict.repeat_offenders if n in culprits and corroboration[n]]
     if offenders and action in {Action.RESTART, Action.HOLD}:
         action = Action.ISOLATE_AND_RESTART
         reasons.append(
@@ -104,7 +145,7 @@ def make_plan(
             "though this incident alone names no node"
         )
 
-    if action in {Action.ISOLATE_AND_RESTART, Action.RESTART}:
+    if action in RESTARTING:
         budget = policy.restart_budget
         if job.max_restarts is not None:  # the job may ask for fewer, never for more
             budget = min(budget, job.max_restarts)
@@ -122,26 +163,20 @@ def make_plan(
             reasons.append("restart budget exhausted: hold")
 
     drain: list[str] = []
+    needs_override = False
     if action is Action.ISOLATE_AND_RESTART:
-        new = [n for n in culprits if n not in history.already_drained]
-        limit = drain_limit(policy, history.partition_size)
-        used = len(set(history.drained_in_window))
-        allowed = used + len(new) <= limit
-        guards.append(
-            GuardDecision(
-                guard="blast_radius",
-                allowed=allowed,
-                detail=f"{used} drained by Relaunch in {policy.drain_window_hours:g} h + "
-                f"{len(new)} new, limit {limit} ({policy.drain_share:.0%} of "
-                f"{history.partition_size} nodes, cap {policy.drain_cap})",
+        # Never a node on the job's word alone, whatever produced the action.
+        convicted = [n for n in culprits if corroboration[n]]
+        drain = [n for n in convicted if n not in history.already_drained]
+        guard = blast_radius(policy, history.partition_size, history.drained_in_window, drain)
+        guards.append(guard)
+        if not guard.allowed:
+            needs_override = True
+            reasons.append(
+                "blast-radius guard refused the drain: it runs only on an operator's override"
             )
-        )
-        if allowed:
-            drain = new
-        else:
-            action = Action.HOLD
-            reasons.append("blast-radius guard refused the drain: hold for a human")
 
+    excluding = action in {Action.ISOLATE_AND_RESTART, Action.EXCLUDE_AND_RESTART}
     fence = [n for n in drain if n in evidence.unreachable_nodes]
     return ActionPlan(
         request_id=request_id,
@@ -153,8 +188,22 @@ def make_plan(
         job_id=job.job_id,
         expected_restart_count=job.restart_count,
         exclude_nodes=sorted({*culprits, *history.already_drained} & set(job.nodes))
-        if action is Action.ISOLATE_AND_RESTART
+        if excluding
         else [],
+        suspect_nodes=sorted(suspects) if excluding else [],
+        needs_override=needs_override,
         guards=guards,
         reasons=reasons,
     )
+
+
+def _corroboration(
+    verdict: Verdict, culprits: Sequence[str], policy: Policy, history: PlanHistory
+) -> dict[str, list[str]]:
+    """Each culprit's trusted sources, with suspicion from enough different users' jobs
+    counted as one (a single user can make their own jobs print anything)."""
+    out = {n: list(verdict.corroboration.get(n, [])) for n in culprits}
+    for node, sources in out.items():
+        if not sources and len(set(history.suspected_by.get(node, []))) >= policy.suspect_users:
+            sources.append(SUSPECTED_BY_USERS)
+    return out

@@ -19,6 +19,7 @@ from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import EvidenceLine, Verdict
 from relaunch.workers.cli_errors import fail
 from relaunch.workers.cli_recovery import config_options, load_config
+from relaunch.workers.terminal import printable
 
 _ROLE_MARK = {"root": "▶", "confirm": "+", "cascade": "·", "teardown": "·", "context": "?"}
 
@@ -36,6 +37,10 @@ def classify_json(path: str, verdict: Verdict) -> str:
                 {"source": e.source, "line_no": e.line_no, "text": e.text, "signature": e.signature}
                 for e in verdict.evidence
             ],
+            "corroboration": {
+                node: sorted(verdict.corroboration.get(node, []))
+                for node in sorted(verdict.culprit_nodes)
+            },
         }
     )
 
@@ -53,7 +58,7 @@ def explain(bundle: Bundle, verdict: Verdict, *, color: bool) -> str:
         f"(exit {job.exit_code}) on {', '.join(job.nodes) or 'no nodes'}",
         bold(f"verdict: {verdict.category.value} on {culprits}", "red")
         + f"  (confidence {verdict.confidence:.2f}) → {verdict.action.value}",
-        f"why: {verdict.summary}",
+        f"why: {printable(verdict.summary)}",
     ]
     decisive = [e for e in verdict.evidence if e.role in ("root", "confirm")]
     other = [e for e in verdict.evidence if e.role not in ("root", "confirm")]
@@ -69,6 +74,14 @@ def explain(bundle: Bundle, verdict: Verdict, *, color: bool) -> str:
         out.append(f"folded: {total} cascade/teardown line(s), not decisive: {parts}")
     if verdict.repeat_offenders:
         out.append(f"named by reputation: {', '.join(verdict.repeat_offenders)}")
+    for node in verdict.culprit_nodes:
+        sources = verdict.corroboration.get(node, [])
+        trust = (
+            f"corroborated by {', '.join(sources)}"
+            if sources
+            else "named only by job-controlled evidence (the job's output): excluded, not drained"
+        )
+        out.append(f"{node}: {trust}")
     states = {n: s for n, s in job.node_states.items() if s}
     if states:
         out.append("node states: " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))
@@ -77,9 +90,11 @@ def explain(bundle: Bundle, verdict: Verdict, *, color: bool) -> str:
 
 def _line(e: EvidenceLine, style: Callable[[str], str]) -> str:
     mark = _ROLE_MARK.get(e.role, " ")
-    where = f"{e.source}:{e.line_no}" + (f" [{e.node}]" if e.node else "")
+    trust = "trusted" if e.trusted else "job-controlled"
+    where = f"{e.source}:{e.line_no} ({trust})" + (f" [{e.node}]" if e.node else "")
     copies = f" (×{e.count})" if e.count > 1 else ""
-    text = e.text if len(e.text) <= 160 else e.text[:157] + "..."
+    text = printable(e.text)  # a job's line: its escape sequences never reach the terminal
+    text = text if len(text) <= 160 else text[:157] + "..."
     return f"  {mark} {where} {e.signature}{copies}\n      {style(text)}"
 
 
@@ -95,9 +110,10 @@ def register(cli: click.Group) -> None:
         help="The scan engine (auto: hyperscan where installed).",
     )
     def classify_cmd(bundles: tuple[Path, ...], as_json: bool, engine: str) -> None:
-        """Attribute each incident BUNDLE: category, culprit nodes, action, confidence and the
-        evidence lines. A bundle that cannot be read is reported on stderr and the others are
-        still classified; the exit code is then 1."""
+        """Attribute each incident BUNDLE: category, culprit nodes, action, confidence, the
+        evidence lines and, per culprit, the trusted sources that corroborate it. A bundle that
+        cannot be read is reported on stderr and the others are still classified; the exit
+        code is then 1."""
         catalogue = Catalogue.load(engine=None if engine == "auto" else engine)
         failed = 0
         for path in bundles:
@@ -114,7 +130,8 @@ def register(cli: click.Group) -> None:
                 culprits = ",".join(verdict.culprit_nodes) or "-"
                 click.echo(
                     f"{path}  {verdict.category.value:<14} {culprits:<16} "
-                    f"{verdict.action.value:<19} {verdict.confidence:.2f}  {verdict.summary[:80]}"
+                    f"{verdict.action.value:<19} {verdict.confidence:.2f}  "
+                    f"{printable(verdict.summary)[:80]}"
                 )
         if failed:
             raise SystemExit(1)
@@ -123,8 +140,9 @@ def register(cli: click.Group) -> None:
     @click.argument("bundle", type=click.Path(path_type=Path))
     @click.option("--color/--no-color", default=None, help="Highlight (default: on a terminal).")
     def explain_cmd(bundle: Path, color: bool | None) -> None:
-        """Show the reasoning behind BUNDLE's verdict: the decisive lines highlighted, cascade
-        lines folded into counts, node states."""
+        """Show the reasoning behind BUNDLE's verdict: the decisive lines highlighted (each
+        marked trusted or job-controlled), cascade lines folded into counts, what corroborates
+        each culprit, node states."""
         try:
             loaded = read_bundle(bundle)
         except RelaunchError as exc:

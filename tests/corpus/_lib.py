@@ -201,6 +201,22 @@ class Spec:
     telemetry: list[dict] = field(default_factory=list)
     sections: str = ""
     tags: list[str] = field(default_factory=list)
+    # The culprits are named only by job-controlled evidence (the job's output): no kernel log,
+    # telemetry, Slurm node state or probe confirms them (docs/trust.md).
+    job_only: bool = False
+
+    @property
+    def action(self) -> str:
+        """The design's default action for this label (docs/design.md, docs/trust.md)."""
+        if self.category in ("gpu_hardware", "network", "node_failure", "hang"):
+            if not self.culprits:
+                return "restart"
+            return "exclude_and_restart" if self.job_only else "isolate_and_restart"
+        return {
+            "infrastructure": "restart",
+            "application": "hold",
+            "unknown": "restart",
+        }.get(self.category, "none")
 
 
 class Job:
@@ -617,6 +633,7 @@ class Job:
         tags: list[str] | None = None,
         last_progress: bool = True,
         observed_delay: int = 95,
+        job_only: bool = False,
     ) -> Spec:
         states = {n: default_state for n in self.nodes}
         states.update(node_states or {})
@@ -645,6 +662,7 @@ class Job:
             telemetry or [],
             sections,
             tags or [],
+            job_only,
         )
 
 

@@ -750,6 +750,7 @@ def n_ib_peer_mapped(seed: int) -> Spec:
         end=fail + 15 * S,
         sections="§1.2 (NCCL prefix; peer), §2.2 (error 12 / error 5)",
         tags=["cascade", "map", "srun-l", "nccl-info"],
+        job_only=True,
     )
 
 
@@ -979,6 +980,7 @@ def n_async_fatal_reporter(seed: int) -> Spec:
         end=fail + 8 * S,
         sections="§2.2 (async fatal event), §1.2",
         tags=["cascade", "map", "srun-l"],
+        job_only=True,
     )
 
 
@@ -1245,6 +1247,7 @@ def h_silent_rank(seed: int) -> Spec:
         end=stall + 610 * S,
         sections="§2.1, §1.2 (srun -l + ranks)",
         tags=["cascade", "map", "srun-l"],
+        job_only=True,
     )
 
 
@@ -1290,6 +1293,7 @@ def h_watchdog_stuck(seed: int) -> Spec:
         end=stall + 610 * S,
         sections="§2.1 (watchdog got stuck)",
         tags=["cascade", "map", "srun-l"],
+        job_only=True,
     )
 
 
@@ -2758,7 +2762,12 @@ def write(spec: Spec, idx: int) -> str:
         (d / "telemetry.jsonl").write_text(
             "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in spec.telemetry)
         )
-    expected = {"category": spec.category, "culprit_nodes": spec.culprits, "why": spec.why}
+    expected = {
+        "category": spec.category,
+        "culprit_nodes": spec.culprits,
+        "action": spec.action,
+        "why": spec.why,
+    }
     (d / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     return name
 
@@ -2776,12 +2785,13 @@ def main() -> None:
         name = write(spec, i)
         culprits = ", ".join(spec.culprits) or "—"
         rows.append(
-            f"| `{name}` | {spec.category} | {culprits} | {spec.sections} | "
+            f"| `{name}` | {spec.category} | {culprits} | {spec.action} | {spec.sections} | "
             f"{', '.join(spec.tags)} |"
         )
     table = (
-        "| bundle | category | culprits | written from (failure-signatures.md) | features |\n"
-        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        "| bundle | category | culprits | action | written from (failure-signatures.md) "
+        "| features |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     readme = HERE / "README.md"
     text = readme.read_text()

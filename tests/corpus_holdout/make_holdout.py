@@ -478,6 +478,7 @@ def h_nvrx_one_rank(seed: int) -> Spec:
         end=w0 + 4 * S,
         sections="§1.1, §1.2 (srun -l + ranks), §2.14 (NVRx hang monitor), §3.12",
         tags=["cascade", "map", "srun-l"],
+        job_only=True,
     )
 
 
@@ -1355,7 +1356,12 @@ def write(spec: Spec, idx: int) -> str:
         (d / "telemetry.jsonl").write_text(
             "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in spec.telemetry)
         )
-    expected = {"category": spec.category, "culprit_nodes": spec.culprits, "why": spec.why}
+    expected = {
+        "category": spec.category,
+        "culprit_nodes": spec.culprits,
+        "action": spec.action,
+        "why": spec.why,
+    }
     (d / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     return name
 
@@ -1373,12 +1379,13 @@ def main() -> None:
         name = write(spec, i)
         culprits = ", ".join(spec.culprits) or "—"
         rows.append(
-            f"| `{name}` | {spec.category} | {culprits} | {spec.sections} | "
+            f"| `{name}` | {spec.category} | {culprits} | {spec.action} | {spec.sections} | "
             f"{', '.join(spec.tags)} |"
         )
     table = (
-        "| bundle | category | culprits | written from (failure-signatures.md) | features |\n"
-        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        "| bundle | category | culprits | action | written from (failure-signatures.md) "
+        "| features |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     readme = HERE / "README.md"
     if readme.is_file():

@@ -1,5 +1,6 @@
 """First attribution rules over bundles written in the design's format, from real log lines
-(the DDP example's own failure output and NVRM's Xid format)."""
+(the DDP example's own failure output and NVRM's Xid format), and the trust model against a
+hostile job's output (issue 12's rows 1, 2, 3 and 8)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from relaunch.connectors.bundles import read_bundle, write_bundle
-from relaunch.detection.attribution import attribute_bundle
-from relaunch.models.bundle import BundleJob
-from relaunch.models.recovery import Category
+from relaunch.detection.attribution import attribute_bundle, implicated
+from relaunch.models.bundle import Bundle, BundleJob
+from relaunch.models.recovery import Action, Category
 
 GLOO = (
     "0: [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
@@ -141,3 +142,123 @@ def test_a_preemption_line_decides_before_slurm_lists_the_job_preempted(tmp_path
         v = attribute_bundle(read_bundle(bundle(tmp_path / state, log, state=state)))
         assert v.category is Category.PREEMPTION and v.action.value == "none", state
         assert v.culprit_nodes == []
+
+
+# A job's output is under its user's control: what it prints may point at a node, never convict
+# one. The nodes below are healthy in Slurm unless a test says otherwise.
+NODES = ["n1", "n2", "n3", "n4"]
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+STEP = f"0: {T0:%Y-%m-%dT%H:%M:%S} step=20 loss=0.4 rank=0 node=n1\n"
+N2_XID = (
+    f"{T0.replace(minute=1).isoformat()} n2 kernel: [ 3147.870115] NVRM: Xid "
+    "(PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.\n"
+)
+
+
+def hostile(
+    log: str,
+    *,
+    state: str = "FAILED",
+    node_logs: dict[str, str] | None = None,
+    node_states: dict[str, str] | None = None,
+    job_id: str = "21",
+) -> Bundle:
+    job = BundleJob(
+        cluster="c",
+        job_id=job_id,
+        state=state,
+        nodes=NODES,
+        node_states=node_states or dict.fromkeys(NODES, "ALLOCATED"),
+        observed_at=T0.replace(minute=5),
+    )
+    return Bundle(path="mem", job=job, job_log=STEP + log, node_logs=node_logs or {})
+
+
+def test_a_printed_srun_node_failure_excludes_the_nodes_and_drains_none() -> None:
+    """Issue 12, row 1: the nodes are healthy in Slurm; only the job says they failed."""
+    v = attribute_bundle(hostile("srun: error: Node failure on n[2-4]\n"))
+    assert v.category is Category.NODE_FAILURE and v.culprit_nodes == ["n2", "n3", "n4"]
+    assert v.action is Action.EXCLUDE_AND_RESTART
+    assert v.corroboration == {"n2": [], "n3": [], "n4": []}
+    assert v.confidence <= 0.7 and "named only by the job's output" in v.summary
+    assert [e.trusted for e in v.evidence] == [False] * len(v.evidence)
+    # The same line while Slurm lists n3 down: n3 is corroborated, the others are not.
+    states = {**dict.fromkeys(NODES, "ALLOCATED"), "n3": "DOWN+NOT_RESPONDING"}
+    down = attribute_bundle(hostile("srun: error: Node failure on n[2-4]\n", node_states=states))
+    assert down.corroboration == {"n2": [], "n3": ["slurm_node_state"], "n4": []}
+    assert down.action is Action.EXCLUDE_AND_RESTART  # not every culprit is confirmed
+
+
+def test_printed_nccl_and_cuda_hardware_lines_exclude_and_drain_nothing() -> None:
+    """Issue 12, row 2: a host-prefixed NCCL line and a rank-labelled CUDA ECC line."""
+    nccl = attribute_bundle(
+        hostile("n3:1:1 [0] NCCL WARN NET/IB : Got async fatal event: local catastrophic error\n")
+    )
+    assert nccl.category is Category.NETWORK and nccl.culprit_nodes == ["n3"]
+    assert nccl.action is Action.EXCLUDE_AND_RESTART and nccl.corroboration == {"n3": []}
+    ecc = attribute_bundle(hostile("3: CUDA error: uncorrectable ECC error encountered\n"))
+    assert ecc.category is Category.GPU_HARDWARE and ecc.culprit_nodes == ["n4"]
+    assert ecc.action is Action.EXCLUDE_AND_RESTART and ecc.corroboration == {"n4": []}
+
+
+def test_the_kernel_confirming_a_printed_line_isolates() -> None:
+    ecc = "1: CUDA error: uncorrectable ECC error encountered\n"
+    v = attribute_bundle(hostile(ecc, node_logs={"n2": N2_XID}))
+    assert v.culprit_nodes == ["n2"] and v.corroboration == {"n2": ["kernel_log"]}
+    assert v.action is Action.ISOLATE_AND_RESTART
+    assert {(e.source, e.trusted) for e in v.evidence} >= {("nodes/n2.log", True)}
+
+
+def test_a_printed_xid_charges_no_node_in_reputation() -> None:
+    """Issue 12, row 3: a fake NVRM line names no node; it must not count against every node
+    of the job (three such jobs would have made them all repeat offenders)."""
+    fake = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus.\n"
+    bundle = hostile(fake)
+    v = attribute_bundle(bundle)
+    assert v.culprit_nodes == [] and v.action is not Action.ISOLATE_AND_RESTART
+    assert implicated(v, bundle) == []
+    # The same fault in n2's kernel log is charged to n2 alone.
+    real = hostile("", node_logs={"n2": N2_XID})
+    assert implicated(attribute_bundle(real), real) == ["n2"]
+    # A node that stopped answering Relaunch's probe is charged; one the job names is not.
+    printed = hostile("srun: error: Node failure on n3\n").model_copy(deep=True)
+    printed.job.unreachable_nodes = ["n4"]
+    both = attribute_bundle(printed)
+    assert both.corroboration == {"n3": [], "n4": ["probe"]}
+    assert implicated(both, printed) == ["n4"]
+
+
+def test_printed_banners_never_overrule_a_real_xid() -> None:
+    """Issue 12, row 8: a cancel line with another job's id, and a preemption banner (the
+    job's own id, but printed), while n2's kernel log has an Xid 79: n2 is isolated."""
+    banners = [
+        "slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026-12-02T10:02:00 ***\n",
+        "slurmstepd: error: *** JOB 21 ON n1 CANCELLED AT 2026-12-02T10:02:00 DUE TO "
+        "PREEMPTION ***\n",
+        "slurmstepd: error: *** JOB 21 ON n1 CANCELLED AT 2026-12-02T10:02:00 ***\n",
+    ]
+    for banner in banners:
+        for state in ("RUNNING", "COMPLETING", "FAILED"):
+            v = attribute_bundle(hostile(banner, state=state, node_logs={"n2": N2_XID}))
+            assert v.category is Category.GPU_HARDWARE, (banner, state)
+            assert v.culprit_nodes == ["n2"] and v.action is Action.ISOLATE_AND_RESTART
+
+
+def test_a_cancel_banner_counts_only_for_this_job() -> None:
+    other = "slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026-12-02T10:02:00 ***\n"
+    assert attribute_bundle(hostile(other, state="RUNNING")).category is not Category.USER_CANCEL
+    for job_id, banner_id in [("21", "21"), ("21", "21_3"), ("21_3", "21"), ("21", "21+1")]:
+        line = other.replace("JOB 1 ", f"JOB {banner_id} ")
+        v = attribute_bundle(hostile(line, state="RUNNING", job_id=job_id))
+        assert v.category is Category.USER_CANCEL, (job_id, banner_id)
+    wrong = other.replace("JOB 1 ", "JOB 21_3 ")
+    assert attribute_bundle(hostile(wrong, job_id="21_4")).category is not Category.USER_CANCEL
+
+
+def test_slurms_own_job_state_still_decides_over_a_kernel_fault() -> None:
+    for state, category in [
+        ("CANCELLED", Category.USER_CANCEL),
+        ("PREEMPTED", Category.PREEMPTION),
+    ]:
+        v = attribute_bundle(hostile("", state=state, node_logs={"n2": N2_XID}))
+        assert v.category is category and v.action is Action.NONE

@@ -135,11 +135,13 @@ def test_reputation_names_a_repeat_offender_only_when_the_log_names_nobody() -> 
     bare = make(START + "srun: error: gpu02: task 1: Exited with exit code 1\n")
     plain = attribute_bundle(bare)
     assert plain.category is Category.UNKNOWN and plain.culprit_nodes == []
-    assert implicated(plain, bare) == NODES
+    assert implicated(plain, bare) == []  # no trusted source implicates any node
     v = attribute_bundle(bare, reputation={"gpu03": 3, "gpu01": 2})
     assert v.culprit_nodes == ["gpu03"] and v.repeat_offenders == ["gpu03"]
+    assert v.corroboration == {"gpu03": ["reputation"]}
     assert v.action is Action.ISOLATE_AND_RESTART and v.confidence <= 0.5
     assert "repeat offender" in v.summary
+    assert implicated(v, bare) == []  # a name from reputation alone is not charged again
     app = make(START + "0: ValueError: bad config\n")
     assert attribute_bundle(app, reputation={"gpu03": 9}).culprit_nodes == []
     assert implicated(attribute_bundle(app), app) == []
@@ -183,4 +185,5 @@ def test_a_rank_whose_own_socket_was_aborted_is_the_network_culprit() -> None:
     )
     v = attribute_bundle(make(log))
     assert v.category is Category.NETWORK and v.culprit_nodes == ["gpu02"]
-    assert v.action is Action.ISOLATE_AND_RESTART
+    # The job's own output names it: excluded from the restart, not drained.
+    assert v.action is Action.EXCLUDE_AND_RESTART and v.corroboration == {"gpu02": []}

@@ -43,6 +43,7 @@ def test_classify_json_is_one_object_per_bundle(tmp_path: Path) -> None:
         "action",
         "confidence",
         "evidence",
+        "corroboration",
     }
     assert (first["bundle"], first["category"], first["culprit_nodes"]) == (
         str(hw),
@@ -50,6 +51,7 @@ def test_classify_json_is_one_object_per_bundle(tmp_path: Path) -> None:
         ["n2"],
     )
     assert first["action"] == "isolate_and_restart" and 0 < first["confidence"] <= 1
+    assert first["corroboration"] == {"n2": ["kernel_log"]}
     assert first["evidence"][0] == {
         "source": "nodes/n2.log",
         "line_no": 1,
@@ -61,6 +63,24 @@ def test_classify_json_is_one_object_per_bundle(tmp_path: Path) -> None:
         [],
         "hold",
     )
+    assert second["corroboration"] == {}
+
+
+def test_classify_excludes_a_node_only_the_jobs_output_names(tmp_path: Path) -> None:
+    """Issue 12, row 1 as a user sees it: a printed srun line, the nodes healthy in Slurm."""
+    printed = make(tmp_path, "printed", "srun: error: Node failure on n[1-2]\n")
+    result = CliRunner().invoke(cli, ["classify", str(printed), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert (out["category"], out["culprit_nodes"], out["action"]) == (
+        "node_failure",
+        ["n1", "n2"],
+        "exclude_and_restart",
+    )
+    assert out["corroboration"] == {"n1": [], "n2": []}
+    explained = CliRunner().invoke(cli, ["explain", str(printed), "--no-color"]).output
+    assert "logs/job.log:1 (job-controlled)" in explained
+    assert "n1: named only by job-controlled evidence" in explained
 
 
 def test_classify_reports_a_bad_bundle_and_goes_on(tmp_path: Path) -> None:
@@ -79,7 +99,8 @@ def test_explain_shows_the_decisive_line_and_folds_the_cascade(tmp_path: Path) -
     assert result.exit_code == 0, result.output
     out = result.output
     assert "verdict: gpu_hardware on n2" in out
-    assert "decisive lines:" in out and "nodes/n2.log:1 [n2] xid_79" in out
+    assert "decisive lines:" in out and "nodes/n2.log:1 (trusted) [n2] xid_79" in out
+    assert "n2: corroborated by kernel_log" in out
     assert "folded: 5 cascade/teardown line(s)" in out and "nccl_error ×5" in out
     missing = CliRunner().invoke(cli, ["explain", str(tmp_path / "nope")])
     assert missing.exit_code == 1 and "not an incident bundle" in missing.output

@@ -39,7 +39,7 @@ def test_bundle_loads(bundle: Path) -> None:
 @pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])
 def test_expected_is_well_formed(bundle: Path) -> None:
     exp = _expected(bundle)
-    assert set(exp) == {"category", "culprit_nodes", "why"}
+    assert set(exp) == {"category", "culprit_nodes", "action", "why"}
     assert exp["category"] in CATEGORIES
     culprits = exp["culprit_nodes"]
     assert isinstance(culprits, list) and all(isinstance(n, str) for n in culprits)

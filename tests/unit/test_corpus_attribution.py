@@ -1,6 +1,7 @@
 """The attribution engine on the labelled corpora (tests/corpus, tests/corpus_holdout): the
-issue's bar (category accuracy and culprit exact-match at least 95%) and the rule that no
-application case ever blames a node."""
+issue's bar (category accuracy and culprit exact-match at least 95%), the rule that no
+application case ever blames a node, and the trust model's rule that a node named only by the
+job's output is excluded, never drained."""
 
 from __future__ import annotations
 
@@ -56,3 +57,21 @@ def test_no_application_case_blames_or_drains_a_node(
         assert verdict.culprit_nodes == [], name
         assert verdict.action is not Action.ISOLATE_AND_RESTART, name
         assert verdict.category is Category.APPLICATION, name
+
+
+def test_a_node_named_only_by_the_jobs_output_is_excluded_not_drained(results: Results) -> None:
+    job_only = [(n, e, v) for n, e, v in results if e["action"] == "exclude_and_restart"]
+    assert len(job_only) >= 5
+    for name, expected, verdict in job_only:
+        assert verdict.action is Action.EXCLUDE_AND_RESTART, name
+        assert all(verdict.corroboration[n] == [] for n in expected["culprit_nodes"]), name
+
+
+def test_actions_meet_the_bar_and_only_corroborated_culprits_are_isolated(
+    results: Results,
+) -> None:
+    wrong = [(n, e["action"], v.action.value) for n, e, v in results if e["action"] != v.action]
+    assert len(wrong) <= 0.05 * len(results), wrong
+    for name, _, verdict in results:
+        if verdict.action is Action.ISOLATE_AND_RESTART:
+            assert all(verdict.corroboration[n] for n in verdict.culprit_nodes), name
