@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
+from relaunch.connectors.joboutput import FileAccess, inode_key, open_checked
+from relaunch.models.errors import RefusedPathError
+
 DEFAULT_MAX_READ = 8 << 20
+log = logging.getLogger(__name__)
 
 
 class FileTail:
@@ -15,37 +20,75 @@ class FileTail:
     that became shorter than the offset (truncated) or was replaced by another file (a new
     inode, e.g. rotation) is read again from its start, and ``truncations`` counts it. No
     threads and no open descriptor between calls: a read is an open, a stat and one pread.
+
+    Only regular files are opened, never blocking (a FIFO or a device reads as refused). With
+    ``access`` from :meth:`FileAccess.for_job` a job's file is also checked as the job's user
+    (see relaunch.connectors.joboutput); a refused file reads as empty, and ``refused`` says
+    why until a later read succeeds.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, offset: int = 0, max_read: int = DEFAULT_MAX_READ
+        self,
+        path: str | os.PathLike[str],
+        *,
+        offset: int = 0,
+        max_read: int = DEFAULT_MAX_READ,
+        access: FileAccess | None = None,
     ) -> None:
         if offset < 0 or max_read <= 0:
             raise ValueError("offset must be >= 0 and max_read > 0")
         self.path = os.fspath(path)
         self.offset = offset
         self.max_read = max_read
+        self.access = access or FileAccess.operator_file()
         self.truncations = 0
+        self.refused: str | None = None
         self._identity: tuple[int, int] | None = None
+        self._checked: tuple[int, int, int, int, int] | None = None
 
     @classmethod
-    def at_end(cls, path: str | os.PathLike[str], *, max_read: int = DEFAULT_MAX_READ) -> FileTail:
+    def at_end(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        max_read: int = DEFAULT_MAX_READ,
+        access: FileAccess | None = None,
+    ) -> FileTail:
         """A tail that skips what the file holds now (from 0 if it does not exist yet)."""
-        tail = cls(path, max_read=max_read)
+        tail = cls(path, max_read=max_read, access=access)
         try:
-            st = os.stat(tail.path)
-        except FileNotFoundError:
+            fd = tail._open()
+        except (OSError, RefusedPathError):
             return tail
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         tail.offset = st.st_size
         tail._identity = (st.st_dev, st.st_ino)
         return tail
 
-    def read(self) -> bytes:
-        """The bytes appended since the last read (``b""`` when none or no file)."""
+    def _open(self) -> int:
+        fd = open_checked(self.path, self.access, checked=self._checked)
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._checked = inode_key(os.fstat(fd))
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def read(self) -> bytes:
+        """The bytes appended since the last read (``b""`` when none, no file, or refused)."""
+        try:
+            fd = self._open()
         except FileNotFoundError:
             return b""
+        except RefusedPathError as exc:
+            if self.refused is None:
+                log.warning("refused to read a log file", extra={"reason": exc.message})
+            self.refused = exc.message
+            return b""
+        self.refused = None
         try:
             st = os.fstat(fd)
             identity = (st.st_dev, st.st_ino)

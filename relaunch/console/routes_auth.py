@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
@@ -10,6 +12,43 @@ from relaunch.console.live import stream
 from relaunch.console.web import console, nonce, render, require, require_post
 
 LOGIN_NONCE_COOKIE = "relaunch_login"
+# A sign-in form is a token, a nonce and a path: a few hundred bytes. Anything much larger is
+# refused before a byte of it is parsed (an anonymous client must not make the console decode
+# megabytes).
+LOGIN_BODY_LIMIT = 16 * 1024
+_LOGIN_FIELDS_LIMIT = 16
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _login_fields(request: Request) -> dict[str, str]:
+    """The sign-in form's fields, read at most LOGIN_BODY_LIMIT bytes into the body;
+    _TooLarge past that (whatever Content-Length claims) or past a few fields."""
+    declared = request.headers.get("content-length", "")
+    if declared and (not declared.isdigit() or int(declared) > LOGIN_BODY_LIMIT):
+        raise _TooLarge
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > LOGIN_BODY_LIMIT:
+            raise _TooLarge
+    try:
+        pairs = parse_qsl(
+            body.decode("utf-8", errors="replace"),
+            keep_blank_values=True,
+            max_num_fields=_LOGIN_FIELDS_LIMIT,
+        )
+    except ValueError as exc:  # more fields than a sign-in form has
+        raise _TooLarge from exc
+    return dict(pairs)
+
+
+def secure_cookies(request: Request) -> bool:
+    """Whether cookies get ``Secure``: served over HTTPS here, or behind a TLS proxy the
+    configuration names (``console.behind_tls``)."""
+    return console(request).config.console.behind_tls or request.url.scheme == "https"
 
 
 def safe_next(target: str | None) -> str:
@@ -31,7 +70,13 @@ def _login_form(request: Request, status: int = 200, error: str | None = None) -
         error=error,
     )
     response.set_cookie(
-        LOGIN_NONCE_COOKIE, token, max_age=600, path="/login", httponly=True, samesite="strict"
+        LOGIN_NONCE_COOKIE,
+        token,
+        max_age=600,
+        path="/login",
+        httponly=True,
+        samesite="strict",
+        secure=secure_cookies(request),
     )
     return response
 
@@ -42,8 +87,10 @@ async def login_page(request: Request) -> Response:
 
 async def login(request: Request) -> Response:
     c = console(request)
-    form = await request.form()
-    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    try:
+        fields = await _login_fields(request)
+    except _TooLarge:
+        return _login_form(request, 413, "the sign-in request is too large")
     if not c.sessions.login_csrf_ok(request.cookies.get(LOGIN_NONCE_COOKIE), fields.get("csrf")):
         return _login_form(request, 403, "the sign-in form expired: paste your token again")
     user = c.tokens.authenticate(fields.get("token", ""))
@@ -57,7 +104,7 @@ async def login(request: Request) -> Response:
         path="/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure_cookies(request),
     )
     response.delete_cookie(LOGIN_NONCE_COOKIE, path="/login")
     return response

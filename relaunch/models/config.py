@@ -24,6 +24,37 @@ class WatchSettings(BaseModel):
     progress_pattern: str | None = None
 
 
+class JobOutputSettings(BaseModel):
+    """Which job output files (a job's ``--output``/``--error``) Relaunch may read.
+
+    A job's paths are its user's choice, so a file is read only when it is a regular file (no
+    FIFO, device or final symbolic link), its real path (symbolic links in its directories
+    resolved) lies under one of ``allowed_roots``, and the job's own user could read it (its
+    uid and groups against the file's mode and its directories'). Anything else is recorded as
+    refused in the evidence, never read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allowed_roots: list[str] = Field(
+        default_factory=lambda: ["/"],
+        description="directories job output may be read from, e.g. [/home, /scratch]; "
+        "compared with the file's real path (symbolic links resolved)",
+    )
+    read_timeout_s: float = Field(
+        default=10.0, gt=0, le=300, description="a read slower than this counts as refused"
+    )
+
+    @field_validator("allowed_roots")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("allowed_roots must name at least one directory")
+        for root in value:
+            if not root.startswith("/"):
+                raise ValueError(f"allowed root {root!r} is not an absolute path")
+        return value
+
+
 class ConsoleSettings(BaseModel):
     """The Recovery Console (`relaunch console`): where it listens and who may sign in."""
 
@@ -37,6 +68,11 @@ class ConsoleSettings(BaseModel):
         default="RELAUNCH_CONSOLE_SECRET",
         description="environment variable holding the session-signing secret "
         "(unset: a random one per process, and sessions end when it restarts)",
+    )
+    behind_tls: bool = Field(
+        default=False,
+        description="the console is served over HTTPS by a proxy in front of it: cookies get "
+        "Secure even though the proxy talks plain HTTP to the console",
     )
 
 
@@ -112,6 +148,10 @@ class ClusterConfig(BaseModel):
         default=None,
         description="where `relaunch agent --output` writes each node's telemetry.jsonl, "
         "e.g. /shared/relaunch/{node}/telemetry.jsonl",
+    )
+    job_output: JobOutputSettings = Field(
+        default_factory=JobOutputSettings,
+        description="which job output files may be read, and how long a read may take",
     )
     logs: LogStoreSettings = Field(
         default_factory=LogStoreSettings,

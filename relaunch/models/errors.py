@@ -74,6 +74,16 @@ class VerificationError(SchedulerError):
     retryable = True
 
 
+class RefusedPathError(RelaunchError):
+    """A file a job named (its stdout/stderr) that Relaunch will not read: not a regular file,
+    a symbolic link, outside the allowed roots, or not readable by the job's own user."""
+
+
+class ResubmitIdentityError(InvalidStateError):
+    """A resubmission that could not run as the job's own user (the submitting identity can
+    neither pass ``--uid`` nor is it that user). Never retried: the configuration must change."""
+
+
 class StackError(RelaunchError):
     """The local development stack could not be started, stopped or inspected."""
 

@@ -180,6 +180,8 @@ class Job(BaseModel):
     job_id: str
     name: str = ""
     user: str = ""
+    user_id: int | None = Field(default=None, description="the job's uid, as Slurm lists it")
+    group_id: int | None = Field(default=None, description="the job's gid, as Slurm lists it")
     state: JobState = JobState.UNKNOWN
     reason: str = ""
     exit_code: ExitCode = Field(default_factory=ExitCode)

@@ -160,6 +160,8 @@ BRIEF_SAME = [
     "job_id",
     "name",
     "user",
+    "user_id",
+    "group_id",
     "state",
     "reason",
     "exit_code",

@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from httpx import Response
+from starlette.testclient import TestClient
 
+from relaunch.console.app import create_app
 from relaunch.console.auth import (
     Role,
     Sessions,
@@ -15,6 +18,8 @@ from relaunch.console.auth import (
     hash_token,
     write_tokens,
 )
+from relaunch.console.routes_auth import LOGIN_BODY_LIMIT, LOGIN_NONCE_COOKIE
+from relaunch.models.config import ClusterConfig, ConsoleSettings
 
 
 def test_roles_are_ordered_viewer_approver_admin() -> None:
@@ -96,3 +101,68 @@ def test_login_nonce_is_double_submit() -> None:
     assert not sessions.login_csrf_ok("abc", "abd")
     assert not sessions.login_csrf_ok(None, "abc")
     assert not sessions.login_csrf_ok("abc", None)
+
+
+# ------------------------------------------------------------------ the sign-in route
+
+
+def console_client(tmp_path: Path, *, behind_tls: bool = False) -> TestClient:
+    """The real console app; no lifespan (no database): sign-in needs none."""
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps([{"name": "ana", "role": "viewer", "sha256": hash_token(TOKEN)}]))
+    config = ClusterConfig(
+        name="dev",
+        database_url="postgresql://nobody@127.0.0.1:1/none",
+        bundle_dir=str(tmp_path),
+        console=ConsoleSettings(behind_tls=behind_tls),
+    )
+    app = create_app(config, tokens_file=tokens, secret="s" * 32)
+    return TestClient(app, base_url="http://console.test", follow_redirects=False)
+
+
+TOKEN = "t0ken-for-ana"
+
+
+def sign_in(client: TestClient, **extra: str) -> Response:
+    form = client.get("/login")
+    # Sent back by hand: a Secure cookie never travels over the test's plain HTTP, as it does
+    # between a browser and the TLS proxy.
+    csrf = form.cookies.get(LOGIN_NONCE_COOKIE) or ""
+    client.cookies.clear()
+    return client.post(
+        "/login",
+        data={"csrf": csrf, "token": TOKEN, "next": "/", **extra},
+        headers={"cookie": f"{LOGIN_NONCE_COOKIE}={csrf}"},
+    )
+
+
+def test_sign_in_works_and_the_cookie_is_not_secure_over_plain_http(tmp_path: Path) -> None:
+    answer = sign_in(console_client(tmp_path))
+    assert answer.status_code == 303
+    cookie = next(h for h in answer.headers.get_list("set-cookie") if "relaunch_session=" in h)
+    assert "secure" not in cookie.lower()
+
+
+def test_behind_a_tls_proxy_the_session_cookie_is_secure(tmp_path: Path) -> None:
+    answer = sign_in(console_client(tmp_path, behind_tls=True))
+    assert answer.status_code == 303
+    cookie = next(h for h in answer.headers.get_list("set-cookie") if "relaunch_session=" in h)
+    assert "secure" in cookie.lower().split("; ")
+
+
+def test_an_oversized_sign_in_body_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    client = console_client(tmp_path)
+    # A valid token and nonce, padded past the limit: refused whole, not signed in.
+    answer = sign_in(client, padding="x" * (LOGIN_BODY_LIMIT + 1))
+    assert answer.status_code == 413
+    assert not any("relaunch_session=" in h for h in answer.headers.get_list("set-cookie"))
+    # Sent without a Content-Length (chunked), the read still stops at the limit.
+    chunks = (b"token=" + b"x" * 4096 for _ in range(64))
+    assert client.post("/login", content=chunks).status_code == 413
+
+
+def test_a_sign_in_with_too_many_fields_is_refused(tmp_path: Path) -> None:
+    client = console_client(tmp_path)
+    body = "&".join(f"f{i}=1" for i in range(100))
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    assert client.post("/login", content=body, headers=headers).status_code == 413

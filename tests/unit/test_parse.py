@@ -478,3 +478,14 @@ def test_a_line_crafted_in_a_comment_never_passes_for_another_job() -> None:
     assert not listing.valid and listing.all() is None
     with pytest.raises(ValueError):
         listing.get("43")
+
+
+@pytest.mark.parametrize("fixture", JOB_FIXTURES)
+def test_the_jobs_uid_and_gid_come_from_the_json_listings(fixture: str) -> None:
+    # Job output is read with the job's own access, so every listing must carry its uid.
+    assert all((j.user_id, j.group_id) == (0, 0) for j in jobs(fixture).values())
+
+
+def test_the_jobs_uid_and_gid_come_from_the_brief_listing() -> None:
+    (job,) = parse.jobs_from_brief(brief_line(UserID="1001", GroupID="1002") + "\n") or [None]
+    assert job is not None and (job.user_id, job.group_id) == (1001, 1002)

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import pwd
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from relaunch.connectors.slurm import parse
@@ -29,6 +31,7 @@ from relaunch.models.errors import (
     InvalidStateError,
     JobNotFoundError,
     NodeNotFoundError,
+    ResubmitIdentityError,
     SchedulerError,
     VerificationError,
 )
@@ -44,7 +47,9 @@ class SlurmCli:
     """Slurm through its command-line clients.
 
     ``env`` is overlaid on the process environment for every command (typically ``SLURM_CONF``);
-    ``runner`` replaces local execution (an SSH runner sends the same argv to the controller).
+    ``runner`` replaces local execution (an SSH runner sends the same argv to the controller),
+    and ``submit_as`` then names the account the commands run as there (what a resubmission
+    may do depends on it: see :func:`resubmit_identity`).
     """
 
     def __init__(
@@ -54,8 +59,10 @@ class SlurmCli:
         runner: CommandRunner | None = None,
         timeout: float = 30.0,
         verify_timeout: float = 10.0,
+        submit_as: str | None = None,
     ) -> None:
         self._runner = runner or LocalRunner(env)
+        self._submit_as = submit_as
         self._timeout = timeout
         self._verify_timeout = verify_timeout
         # Concurrent readers (a burst of recoveries, an action and its verification) share
@@ -385,6 +392,18 @@ class SlurmCli:
         )
         return self._job_result("cancel", before, after, changed=True)
 
+    @property
+    def submitter(self) -> Submitter:
+        """Who runs ``sbatch``: the SSH account, or this process."""
+        if self._submit_as is not None:
+            return Submitter(name=self._submit_as)
+        return Submitter(uid=os.geteuid())
+
+    def resubmit_identity(self, job: Job) -> list[str]:
+        """The sbatch options that make a resubmission of ``job`` run as the job's own user;
+        ResubmitIdentityError when this submitter cannot (check before cancelling a job)."""
+        return resubmit_identity(job, self.submitter)
+
     async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult:
         """Submit the job's batch script again as a new job, with the same shape and the
         lineage recorded in the comment (``relaunch_parent=<old id>``). A second call finds the
@@ -418,8 +437,8 @@ class SlurmCli:
                     after=_job_state_text(job),
                     new_job_id=job.job_id,
                 )
+        argv = resubmit_argv(before, excluded, submitter=self.submitter)
         script = await self.batch_script(job_id)
-        argv = resubmit_argv(before, excluded)
         result = await self._checked(argv, stdin=script)
         new_id = parse.sbatch_job_id(result.stdout)
         child = await self._until(
@@ -435,8 +454,68 @@ class SlurmCli:
         )
 
 
-def resubmit_argv(job: Job, exclude: Sequence[str]) -> list[str]:
-    """The sbatch command that recreates ``job`` from its record; the script comes on stdin."""
+@dataclass(frozen=True)
+class Submitter:
+    """The identity ``sbatch`` runs as: this process (``uid``) or an SSH account (``name``)."""
+
+    uid: int | None = None
+    name: str | None = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0 or self.name == "root"
+
+    def is_owner_of(self, job: Job) -> bool:
+        """Whether a job this identity submits runs as ``job``'s user without ``--uid``."""
+        if self.uid is not None:
+            if job.user_id is not None:
+                return job.user_id == self.uid
+            try:
+                return bool(job.user) and pwd.getpwuid(self.uid).pw_name == job.user
+            except KeyError:
+                return False
+        return self.name is not None and bool(job.user) and job.user == self.name
+
+
+def resubmit_identity(job: Job, submitter: Submitter) -> list[str]:
+    """``--uid``/``--gid`` of the job's user when the submitter is root (always given, from
+    Slurm's record of the job), nothing when the submitter is that user; anything else would
+    run the user's batch script as the submitting account, and is refused."""
+    if submitter.is_root:
+        if job.user_id is not None:
+            uid = str(job.user_id)
+        elif job.user:
+            uid = names.user_name(job.user)
+        else:
+            raise ResubmitIdentityError(
+                f"job {job.job_id}: Slurm lists no user for it, so a resubmission cannot be "
+                "made to run as its owner; not resubmitted"
+            )
+        flags = [f"--uid={uid}"]
+        if job.group_id is not None:
+            flags.append(f"--gid={job.group_id}")
+        return flags
+    if submitter.is_owner_of(job):
+        return []
+    who = submitter.name or f"uid {submitter.uid}"
+    owner = job.user or "an unknown user"
+    if job.user_id is not None:
+        owner += f" (uid {job.user_id})"
+    raise ResubmitIdentityError(
+        f"job {job.job_id} belongs to {owner}; Slurm commands run as {who}, which cannot pass "
+        "--uid/--gid (only root can), so a resubmission would run the user's script as "
+        f"{who}; not resubmitted",
+        hint="run the Slurm commands as root (ssh.user: root) or use restart_method: requeue",
+    )
+
+
+def resubmit_argv(
+    job: Job, exclude: Sequence[str], *, submitter: Submitter | None = None
+) -> list[str]:
+    """The sbatch command that recreates ``job`` from its record, run as the job's user (see
+    :func:`resubmit_identity`; ``submitter`` defaults to this process); the script comes on
+    stdin."""
+    identity = resubmit_identity(job, submitter or Submitter(uid=os.geteuid()))
     fields = {k: v for k, v in job.comment_fields.items() if k != LINEAGE_KEY}
     fields[LINEAGE_KEY] = job.job_id
     comment = names.comment(",".join(f"{k}={v}" for k, v in fields.items()))
@@ -463,9 +542,7 @@ def resubmit_argv(job: Job, exclude: Sequence[str]) -> list[str]:
     excluded = list(dict.fromkeys(names.node_name(n) for n in [*job.excluded_nodes, *exclude]))
     if excluded:
         argv.append(f"--exclude={','.join(excluded)}")
-    if os.geteuid() == 0 and job.user and job.user != "root":
-        argv.append(f"--uid={names.user_name(job.user)}")
-    return argv
+    return argv + identity
 
 
 def _node_result(

@@ -41,8 +41,15 @@ class SlurmRestScheduler(SlurmCli):
         runner: CommandRunner | None = None,
         timeout: float = 30.0,
         verify_timeout: float = 10.0,
+        submit_as: str | None = None,
     ) -> None:
-        super().__init__(env=env, runner=runner, timeout=timeout, verify_timeout=verify_timeout)
+        super().__init__(
+            env=env,
+            runner=runner,
+            timeout=timeout,
+            verify_timeout=verify_timeout,
+            submit_as=submit_as,
+        )
         self.rest = rest
 
     async def aclose(self) -> None:

@@ -23,7 +23,9 @@ def slurm_cli(config: ClusterConfig) -> SlurmCli:
     if config.ssh is None:
         return SlurmCli(env=config.slurm_env)
     return SlurmCli(
-        runner=SshRunner(config.ssh, env=config.slurm_env), timeout=config.ssh.command_timeout_s
+        runner=SshRunner(config.ssh, env=config.slurm_env),
+        timeout=config.ssh.command_timeout_s,
+        submit_as=config.ssh.user,
     )
 
 
@@ -56,10 +58,16 @@ def slurm_scheduler(config: ClusterConfig) -> SlurmCli:
     settings = config.slurmrestd
     runner: CommandRunner | None = None
     timeout = 30.0
+    submit_as = None
     if config.ssh is not None:
         runner, timeout = SshRunner(config.ssh, env=config.slurm_env), config.ssh.command_timeout_s
+        submit_as = config.ssh.user
     scheduler = SlurmRestScheduler(
-        slurm_rest(settings), env=config.slurm_env, runner=runner, timeout=timeout
+        slurm_rest(settings),
+        env=config.slurm_env,
+        runner=runner,
+        timeout=timeout,
+        submit_as=submit_as,
     )
     log.info(
         "Slurm reads over slurmrestd %s (%s), drains and requeues over the CLI",

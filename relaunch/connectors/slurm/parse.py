@@ -124,6 +124,8 @@ def job_from_json(raw: dict[str, Any]) -> Job:
         job_id=job_id,
         name=_text(raw.get("name")),
         user=_text(raw.get("user_name")),
+        user_id=_number(raw.get("user_id")),
+        group_id=_number(raw.get("group_id")),
         state=JobState.parse(words[0] if words else None),
         reason=_text(raw.get("state_reason")),
         exit_code=_exit_code(raw.get("exit_code")),
@@ -222,6 +224,8 @@ BRIEF_FIELDS = (
     "EligibleTime",
     "StartTime",
     "EndTime",
+    "UserID",
+    "GroupID",
 )
 BRIEF_FORMAT = ",".join(f"{name}:0{BRIEF_SEPARATOR}" for name in BRIEF_FIELDS)
 
@@ -323,6 +327,8 @@ def _job_from_brief_row(values: list[str]) -> Job | None:
             "eligible_time": _count(raw["EligibleTime"]),
             "start_time": _count(raw["StartTime"]),
             "end_time": _count(raw["EndTime"]),
+            "user_id": _count(raw["UserID"]),
+            "group_id": _count(raw["GroupID"]),
         }
     except ValueError:
         return None

@@ -120,6 +120,9 @@ variable's value (from the database Secret) when it writes the configuration the
 {{- if $v.console.tokens.existingSecret -}}
 {{- $_ := set $console "tokens_file" (printf "/etc/relaunch/console/%s" $v.console.tokens.key) -}}
 {{- end -}}
+{{- if $v.console.behindTls -}}
+{{- $_ := set $console "behind_tls" true -}}
+{{- end -}}
 {{- $_ := set $c "console" $console -}}
 {{- toPrettyJson $c -}}
 {{- end -}}
