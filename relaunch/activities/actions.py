@@ -8,21 +8,79 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from pydantic import BaseModel, Field
 from temporalio import activity
 
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
-from relaunch.models.errors import InvalidStateError, VerificationError
-from relaunch.models.recovery import ActInput, RestartMethod, StepOutcome, VerifyInput
-from relaunch.models.scheduler import ActionResult, JobState
+from relaunch.connectors.joboutput import FileAccess, tail_file
+from relaunch.detection.planning import blast_radius
+from relaunch.models.errors import (
+    InvalidStateError,
+    JobNotFoundError,
+    ResubmitIdentityError,
+    VerificationError,
+)
+from relaunch.models.recovery import (
+    ActInput,
+    GuardDecision,
+    Policy,
+    RestartMethod,
+    StepOutcome,
+    VerifyInput,
+)
+from relaunch.models.scheduler import ActionResult, Job, JobState, Node
 
 _RESUMED = re.compile(r"resumed from checkpoint step=(\d+)")
 _STEP = re.compile(r"\bstep=(\d+)\b")
 
 
+DRAIN_REASON_PREFIX = "relaunch incident "
+
+
 def drain_reason(incident_id: str) -> str:
-    return f"relaunch incident {incident_id}"
+    return f"{DRAIN_REASON_PREFIX}{incident_id}"
+
+
+class DrainCheck(BaseModel):
+    """The blast-radius guard as `isolate` re-checks it right before draining."""
+
+    decision: GuardDecision
+    out_of_service: list[str] = Field(description="nodes Relaunch took out that are still out")
+    new: list[str] = Field(description="nodes this drain would take out of service")
+
+
+def drain_check(
+    policy: Policy,
+    nodes: Sequence[Node],
+    drained_by_relaunch: Collection[str],
+    to_drain: Sequence[str],
+    *,
+    partition: str,
+    since: datetime,
+) -> DrainCheck:
+    """The guard over a fresh read of the nodes: the nodes Relaunch drained in the window (its
+    audit trail, or Slurm's own drain reason where a crash lost the audit row) that are still
+    drained or down, and the nodes of ``to_drain`` not drained yet. A node already out of
+    service is not new, so a drained node that fails again is counted once."""
+    down = {n.name for n in nodes if n.drain_flag or not n.responding}
+    by_reason = {
+        n.name
+        for n in nodes
+        if n.drain_flag
+        and n.reason.startswith(DRAIN_REASON_PREFIX)
+        and (n.reason_time is None or n.reason_time >= since)
+    }
+    out = (set(drained_by_relaunch) | by_reason) & down
+    flagged = {n.name for n in nodes if n.drain_flag}
+    new = [n for n in dict.fromkeys(to_drain) if n not in flagged and n not in out]
+    size = sum(1 for n in nodes if partition in n.partitions) or len(nodes)
+    return DrainCheck(
+        decision=blast_radius(policy, size, out, new), out_of_service=sorted(out), new=new
+    )
 
 
 class ActionActivities:
@@ -44,6 +102,77 @@ class ActionActivities:
     @typed_errors
     @keeps_heartbeating
     async def isolate(self, inp: ActInput) -> StepOutcome:
+        """Drain (and fence) the plan's nodes under the cluster's drain lock, after re-checking
+        the blast-radius guard on fresh state: recoveries planned or approved at the same time
+        see each other's drains. A refusal drains nothing and answers ``ok=False``."""
+        if not inp.plan.drain_nodes and not inp.plan.fence_nodes:
+            return StepOutcome(ok=True, detail="nothing to isolate")
+        beat("waiting for the cluster's drain lock")
+        async with self.deps.audit.drain_lock(inp.cluster):
+            refused = await self._recheck_guard(inp)
+            if refused is not None:
+                return refused
+            return await self._drain_and_fence(inp)
+
+    async def _recheck_guard(self, inp: ActInput) -> StepOutcome | None:
+        """The guard re-checked under the lock; a StepOutcome when it refuses the drain."""
+        sched, plan, policy = self.deps.scheduler, inp.plan, self.deps.config.policy
+        beat("re-checking the blast-radius guard")
+        since = datetime.now(UTC) - timedelta(hours=policy.drain_window_hours)
+        try:
+            partition = (await sched.get_job(plan.job_id)).partition
+        except JobNotFoundError:  # the job has left Slurm: count the whole cluster
+            partition = ""
+        check = drain_check(
+            policy,
+            await sched.list_nodes(),
+            await self.deps.audit.drained_nodes(inp.cluster, since),
+            plan.drain_nodes,
+            partition=partition,
+            since=since,
+        )
+        guard = check.decision
+        data = {
+            **guard.model_dump(mode="json"),
+            "at": "drain",
+            **check.model_dump(mode="json", exclude={"decision"}),
+        }
+        if guard.allowed:
+            return None
+        if plan.needs_override and await self._override_approved(inp.incident_id):
+            await self.deps.audit_row(
+                inp.incident_id,
+                "guard",
+                f"{guard.guard}: overridden by an operator's approval at drain time — "
+                f"{guard.detail}",
+                dedupe=f"guard:{guard.guard}:drain",
+                nodes=check.new,
+                # Allowed by the override: the plan's own row already counts the refusal.
+                data={**data, "allowed": True, "overridden": True},
+            )
+            return None
+        detail = (
+            f"{guard.guard}: REFUSED at drain time — {guard.detail}; "
+            f"{','.join(check.new)} not drained"
+        )
+        await self.deps.audit_row(
+            inp.incident_id,
+            "guard",
+            detail,
+            dedupe=f"guard:{guard.guard}:drain",
+            nodes=check.new,
+            data=data,
+        )
+        return StepOutcome(ok=False, detail=detail)
+
+    async def _override_approved(self, incident_id: str) -> bool:
+        """Whether an operator approved this recovery knowing a guard refused it. Read from the
+        audit trail rather than trusted from the plan: a workflow that predates overrides
+        sends a refused plan to isolate without asking anyone."""
+        events = await self.deps.audit.events(incident_id)
+        return any(e.kind == "approval" and e.data.get("override") is True for e in events)
+
+    async def _drain_and_fence(self, inp: ActInput) -> StepOutcome:
         sched, plan = self.deps.scheduler, inp.plan
         reason = drain_reason(inp.incident_id)
         notes = []
@@ -83,6 +212,7 @@ class ActionActivities:
                 f"job {job.job_id} was cancelled after this recovery began; it is not restarted"
             )
         if plan.restart_method is RestartMethod.RESUBMIT:
+            await self._check_resubmit_identity(inp.incident_id, job)
             if job.state.is_active:
                 await self._audit_action(
                     inp.incident_id, "cancel", await sched.cancel_job(job.job_id)
@@ -103,6 +233,21 @@ class ActionActivities:
         if plan.exclude_nodes:
             detail += "; " + await self._exclude_when_pending(inp, job.job_id)
         return StepOutcome(ok=True, changed=result.changed, detail=detail)
+
+    async def _check_resubmit_identity(self, incident_id: str, job: Job) -> None:
+        """Refuse, before anything is cancelled, a resubmission that would not run as the
+        job's own user; the refusal and its reason go into the audit trail."""
+        try:
+            self.deps.scheduler.resubmit_identity(job)
+        except ResubmitIdentityError as exc:
+            await self.deps.audit_row(
+                incident_id,
+                "action",
+                f"resubmit {job.job_id}: REFUSED — {exc.message}",
+                dedupe=f"action:restart:refused:{job.job_id}",
+                data={"step": "restart", "action": "resubmit", "refused": exc.message},
+            )
+            raise
 
     async def _cancelled_here(self, incident_id: str) -> bool:
         """Whether this recovery cancelled the job itself (to resubmit it)."""
@@ -168,8 +313,10 @@ class ActionActivities:
             await asyncio.sleep(1.0)
         detail = f"RUNNING on {','.join(job.nodes)}"
         if inp.checkpoint_step is not None and job.stdout_path:
+            # The user and group lookups may go to a directory service: not on the loop.
+            access = await asyncio.to_thread(FileAccess.for_job, job, self.deps.config.job_output)
             progress = await self._progress_past(
-                Path(job.stdout_path), inp.checkpoint_step, deadline
+                Path(job.stdout_path), inp.checkpoint_step, deadline, access
             )
             detail += f"; {progress}"
         await self.deps.audit_row(
@@ -182,10 +329,13 @@ class ActionActivities:
         )
         return StepOutcome(ok=True, detail=detail)
 
-    async def _progress_past(self, log: Path, checkpoint: int, deadline: float) -> str:
-        """Wait for the restarted attempt's resume line and a step beyond it in the job log."""
+    async def _progress_past(
+        self, log: Path, checkpoint: int, deadline: float, access: FileAccess
+    ) -> str:
+        """Wait for the restarted attempt's resume line and a step beyond it in the job log
+        (read only as the job's user may: see relaunch.connectors.joboutput)."""
         while True:
-            found = await asyncio.to_thread(_resumed_progress, log)
+            found = await asyncio.to_thread(_resumed_progress, log, access)
             # An earlier attempt's resume line names an older checkpoint than the one saved
             # before this fault; only a resume from at least that step is this restart's.
             if found is not None and found[0] >= checkpoint:
@@ -200,19 +350,18 @@ class ActionActivities:
             await asyncio.sleep(1.0)
 
 
-def _resumed_progress(log: Path, window: int = 256 * 1024) -> tuple[int, int] | None:
+def _resumed_progress(
+    log: Path, access: FileAccess, window: int = 256 * 1024
+) -> tuple[int, int] | None:
     """(resumed step, latest step after it) from the end of the log, or None."""
-    try:
-        with open(log, "rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - window))
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return None
+    text = tail_file(str(log), access, window).text
     at = text.rfind("resumed from checkpoint")
     if at < 0:
         return None
     tail = text[at:]
-    resumed = int(_RESUMED.findall(tail)[0])
+    named = _RESUMED.findall(tail)
+    if not named:  # the job printed the words without a step: not a resume line
+        return None
+    resumed = int(named[0])
     steps = [int(s) for s in _STEP.findall(tail) if int(s) > resumed]
     return (resumed, max(steps)) if steps else None

@@ -17,11 +17,13 @@ from relaunch.activities.deps import Deps, typed_errors
 from relaunch.activities.remote_logs import fetch_evidence_logs
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
+from relaunch.connectors.joboutput import FileEvidence, read_file_evidence, read_telemetry
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
-from relaunch.detection.attribution import attribute_bundle, implicated
+from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.planning import PlanHistory, make_plan
-from relaunch.models.bundle import BundleJob, TelemetrySample
+from relaunch.models.bundle import BundleJob
+from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import JobNotFoundError
 from relaunch.models.recovery import (
     ActionPlan,
@@ -38,6 +40,7 @@ from relaunch.models.scheduler import Job
 
 LOG_TAIL_BYTES = 4 * 1024 * 1024
 NODE_LOG_TAIL_BYTES = 1024 * 1024
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CHECKPOINT = re.compile(r"checkpoint saved step=(\d+)")
 
 
@@ -60,27 +63,6 @@ class RecordEventInput(BaseModel):
     dedupe: str | None = None
 
 
-def _tail(path: Path, limit: int, start: int = 0) -> str:
-    """At most ``limit`` bytes from the end of the file, never before ``start``."""
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, 2)
-            begin = max(start if start <= size else 0, size - limit)
-            fh.seek(begin)
-            data = fh.read()
-    except OSError:
-        return ""
-    text = data.decode(errors="replace")
-    return text if begin == start or begin == 0 else text.split("\n", 1)[-1]
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 def _int_or_none(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
@@ -98,42 +80,27 @@ def _since(text: str, start: datetime | None) -> str:
     return "".join(kept)
 
 
-def _telemetry(job: Job, pattern: str | None) -> list[TelemetrySample]:
-    """The job's nodes' agent samples: those since the job started, and each GPU's last one
-    before it (the baseline a counter must rise above)."""
-    if not pattern:
-        return []
-    out: list[TelemetrySample] = []
-    for node in job.nodes:
-        before: dict[int | None, TelemetrySample] = {}
-        during: list[TelemetrySample] = []
-        for line in _tail(Path(pattern.format(node=node)), NODE_LOG_TAIL_BYTES).splitlines():
-            try:
-                sample = TelemetrySample.model_validate_json(line)
-            except ValueError:
-                continue  # a torn or foreign line: the agent's other lines still count
-            if job.start_time and sample.time and sample.time < job.start_time:
-                before[sample.gpu] = sample
-            else:
-                during.append(sample)
-        out += [*before.values(), *during]
-    return out
+async def _file_evidence(job: Job, start: int, config: ClusterConfig) -> FileEvidence:
+    """The job's output files read as its user may (from byte ``start``; refused files
+    recorded, never read) and this attempt's lines of each node's kernel log."""
+    files = await read_file_evidence(
+        job,
+        start=start,
+        node_log_pattern=config.node_log_pattern,
+        settings=config.job_output,
+        log_limit=LOG_TAIL_BYTES,
+        node_log_limit=NODE_LOG_TAIL_BYTES,
+    )
+    kept = {node: _since(text, job.start_time) for node, text in files.node_logs.items()}
+    return files.model_copy(update={"node_logs": {n: t for n, t in kept.items() if t}})
 
 
-def _file_logs(job: Job, start: int, pattern: str | None) -> tuple[str, dict[str, str]]:
-    """The job's output from its files (from byte ``start``) and each node's kernel-log file."""
-    logs = [_tail(Path(job.stdout_path), LOG_TAIL_BYTES, start)] if job.stdout_path else []
-    if job.stderr_path and job.stderr_path != job.stdout_path:
-        logs.append(_tail(Path(job.stderr_path), LOG_TAIL_BYTES))
-    node_logs: dict[str, str] = {}
-    for node in job.nodes:
-        if pattern:
-            text = _since(
-                _tail(Path(pattern.format(node=node)), NODE_LOG_TAIL_BYTES), job.start_time
-            )
-            if text:
-                node_logs[node] = text
-    return "\n".join(logs), node_logs
+def _bundle_user(path: Path) -> str:
+    """The job's user as its bundle's job.json records it ("" when unknown)."""
+    try:
+        return BundleJob.model_validate_json((path / "job.json").read_bytes()).user
+    except (OSError, ValueError):
+        return ""
 
 
 def _last_progress(events: list[StoredEvent]) -> datetime | None:
@@ -203,11 +170,14 @@ class EvidenceActivities:
         # With JobFileAppend a requeued job's log holds every attempt; an earlier attempt's
         # lines were that attempt's evidence, not this one's.
         start = await self._attempt_log_start(inp, job.stdout_path)
+        refused: dict[str, str] = {}
+        log_size = 0
         if self.deps.log_store is not None:  # Loki / VictoriaLogs: this attempt's time range
             job_log, node_logs = await fetch_evidence_logs(self.deps.log_store, inp.cluster, job)
         else:
-            job_log, node_logs = _file_logs(job, start, self.deps.config.node_log_pattern)
-        log_size = _size(Path(job.stdout_path)) if job.stdout_path else 0
+            files = await _file_evidence(job, start, self.deps.config)
+            job_log, node_logs, log_size = files.job_log, files.node_logs, files.log_size
+            refused = files.refused_paths
         checkpoints = _CHECKPOINT.findall(job_log)
         events = await self.deps.audit.events(inp.incident_id)
         bundle_job = BundleJob(
@@ -222,9 +192,17 @@ class EvidenceActivities:
             unreachable_nodes=unreachable,
             detections=[e.summary for e in events if e.kind == "detection"],
             last_progress_at=_last_progress(events),
+            refused_paths=refused,
+            submit_time=job.submit_time,
+            user=job.user,
         )
         path = Path(self.deps.config.bundle_dir) / inp.incident_id
-        telemetry = _telemetry(job, self.deps.config.telemetry_pattern)
+        telemetry = await read_telemetry(
+            job,
+            self.deps.config.telemetry_pattern,
+            limit=NODE_LOG_TAIL_BYTES,
+            timeout_s=self.deps.config.job_output.read_timeout_s,
+        )
         await asyncio.to_thread(write_bundle, path, bundle_job, job_log, node_logs, telemetry)
         summary = EvidenceSummary(
             incident_id=inp.incident_id,
@@ -246,7 +224,8 @@ class EvidenceActivities:
         await self.deps.audit_row(
             inp.incident_id,
             "evidence",
-            f"job {job.job_id} {job.state.value} on {','.join(job.nodes) or '-'}; bundle {path}",
+            f"job {job.job_id} {job.state.value} on {','.join(job.nodes) or '-'}; bundle {path}"
+            + (f"; refused to read {', '.join(refused)}" if refused else ""),
             dedupe="evidence",
             nodes=job.nodes,
             data={
@@ -254,6 +233,7 @@ class EvidenceActivities:
                 "log_path": job.stdout_path,
                 "log_start": start,
                 "log_size": log_size,
+                "refused_paths": refused,
                 "job": {
                     **job.model_dump(mode="json"),
                     "last_checkpoint_step": summary.job.last_checkpoint_step,
@@ -287,21 +267,68 @@ class EvidenceActivities:
             f"(confidence {verdict.confidence:.2f}): {verdict.summary}",
             dedupe="verdict",
             nodes=verdict.culprit_nodes,
-            data={**verdict.model_dump(mode="json"), "implicated": implicated(verdict, bundle)},
+            data={
+                **verdict.model_dump(mode="json"),
+                "implicated": implicated(verdict, bundle),
+                # Named by the job's output alone: what the jobs of other users may confirm
+                # (AuditStore.suspicions).
+                "suspects": suspects(verdict),
+                "user": bundle.job.user,
+            },
         )
         return verdict
 
     @activity.defn(name="plan")
     @typed_errors
     async def plan(self, inp: PlanInput) -> ActionPlan:
-        policy, job = inp.policy, inp.evidence.job
+        job = inp.evidence.job
         now = datetime.now(UTC)
+        user = await asyncio.to_thread(_bundle_user, Path(inp.evidence.bundle_path))
         lineage = await self._lineage(job.job_id)
+        # The guard's read is made under the cluster's drain lock, as `isolate`'s re-check is:
+        # a plan never sees the drain trail half-written by a drain in progress.
+        async with self.deps.audit.drain_lock(inp.cluster):
+            plan, history = await self._plan_locked(inp, user, lineage, now)
+        await self.deps.audit_row(
+            inp.incident_id,
+            "plan",
+            f"{plan.action.value} ({plan.mode.value})"
+            + (f", drain {','.join(plan.drain_nodes)}" if plan.drain_nodes else "")
+            + f": {'; '.join(plan.reasons)}",
+            dedupe="plan",
+            nodes=plan.drain_nodes,
+            data={
+                **plan.model_dump(mode="json"),
+                "history": history.model_dump(mode="json"),
+                "user": user,
+            },
+        )
+        for guard in plan.guards:
+            await self.deps.audit_row(
+                inp.incident_id,
+                "guard",
+                f"{guard.guard}: {'allowed' if guard.allowed else 'REFUSED'} — {guard.detail}",
+                dedupe=f"guard:{guard.guard}",
+                data=guard.model_dump(mode="json"),
+            )
+        return plan
+
+    async def _plan_locked(
+        self, inp: PlanInput, user: str, lineage: list[str], now: datetime
+    ) -> tuple[ActionPlan, PlanHistory]:
+        """The plan and the history it was made from (called under the drain lock)."""
+        policy, job = inp.policy, inp.evidence.job
         nodes = await self.deps.scheduler.list_nodes()
         partition_size = sum(1 for n in nodes if job.partition in n.partitions) or len(nodes)
         out_of_service = {n.name for n in nodes if n.drain_flag or not n.responding}
+        # Restarts Slurm knows of (this job's requeues, one per resubmission in its lineage) that
+        # the audit trail holds no row for at all (a row lost with the database, a requeue by
+        # Slurm itself) count as recent ones: the budget errs on the side of holding the job.
+        audited = await self.deps.audit.count_restarts(inp.cluster, lineage, _EPOCH)
+        unaudited = max(0, job.restart_count + len(lineage) - 1 - audited)
         history = PlanHistory(
-            restarts_in_window=await self.deps.audit.count_restarts(
+            restarts_in_window=unaudited
+            + await self.deps.audit.count_restarts(
                 inp.cluster, lineage, now - timedelta(hours=policy.budget_window_hours)
             ),
             # Capacity Relaunch has taken and not yet given back: drained by it in the window
@@ -316,6 +343,9 @@ class EvidenceActivities:
             partition_size=partition_size,
             previous_unknown=await self._previous_unknown(inp.cluster, inp.incident_id, lineage),
             already_drained=[n.name for n in nodes if n.name in job.nodes and n.drain_flag],
+            suspected_by=await self._suspected_by(
+                inp, user, now - timedelta(hours=policy.suspect_window_hours)
+            ),
         )
         plan = make_plan(
             request_id=f"{inp.incident_id}/plan",
@@ -324,25 +354,22 @@ class EvidenceActivities:
             policy=policy,
             history=history,
         )
-        await self.deps.audit_row(
-            inp.incident_id,
-            "plan",
-            f"{plan.action.value} ({plan.mode.value})"
-            + (f", drain {','.join(plan.drain_nodes)}" if plan.drain_nodes else "")
-            + f": {'; '.join(plan.reasons)}",
-            dedupe="plan",
-            nodes=plan.drain_nodes,
-            data={**plan.model_dump(mode="json"), "history": history.model_dump(mode="json")},
-        )
-        for guard in plan.guards:
-            await self.deps.audit_row(
-                inp.incident_id,
-                "guard",
-                f"{guard.guard}: {'allowed' if guard.allowed else 'REFUSED'} — {guard.detail}",
-                dedupe=f"guard:{guard.guard}",
-                data=guard.model_dump(mode="json"),
-            )
-        return plan
+        return plan, history
+
+    async def _suspected_by(
+        self, inp: PlanInput, user: str, since: datetime
+    ) -> dict[str, list[str]]:
+        """For this verdict's suspects: the users whose jobs named each one by their output
+        alone since ``since`` (verdict rows of the audit trail), this job's user included."""
+        named = suspects(inp.verdict)
+        if not named:
+            return {}
+        rows = await self.deps.audit.suspicions(inp.cluster, since)
+        out = {r.node: sorted(set(r.users)) for r in rows if r.node in named}
+        if user:  # the verdict row may be missing; the bundle still says whose job this is
+            for node in named:
+                out[node] = sorted({*out.get(node, []), user})
+        return out
 
     async def _attempt_log_start(self, inp: GatherInput, log_path: str) -> int:
         """Where this attempt's output starts in the job log: after what the evidence of the

@@ -7,8 +7,10 @@ it). Writers pass a ``dedupe_key`` so that a retried activity records its row on
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -91,6 +93,12 @@ MIGRATIONS: list[tuple[int, str]] = [
 _LOCK_ID = 0x52454C41  # "RELA": serialises migrations across processes
 
 
+def drain_lock_key(cluster: str) -> int:
+    """The advisory lock of a cluster's blast-radius guard (a signed 64-bit key)."""
+    digest = hashlib.sha256(f"relaunch-drain:{cluster}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
 class IncidentRow(BaseModel):
     """One incident as `relaunch incidents` lists it."""
 
@@ -116,6 +124,16 @@ class NodeReputation(BaseModel):
     last_at: datetime
     categories: list[str] = Field(default_factory=list)
     recent: list[str] = Field(default_factory=list, description="latest incident ids")
+
+
+class NodeSuspicion(BaseModel):
+    """A node that jobs named by their output alone (no trusted source confirming it): by
+    whose jobs, how often, when last (cross-user corroboration, docs/trust.md)."""
+
+    node: str
+    users: list[str] = Field(default_factory=list)
+    incidents: int
+    last_at: datetime
 
 
 class StoredEvent(AuditRecord):
@@ -219,6 +237,24 @@ class AuditStore:
                 "select 1 from audit_events where dedupe_key = %s", (dedupe_key,)
             )
             return await cur.fetchone() is not None
+
+    async def pending_notifications(
+        self, cluster: str, since: datetime, limit: int = 500
+    ) -> list[StoredEvent]:
+        """The notification outbox: ``notification_queued`` rows of this cluster's incidents
+        recorded since ``since`` with neither their sent row nor their given-up row (the keys
+        named in their data), oldest first."""
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                "select q.id, q.incident_id, q.kind, q.at, q.actor, q.stage, q.nodes, q.summary,"
+                " q.data from audit_events q join incidents i on i.id = q.incident_id"
+                " where q.kind = 'notification_queued' and i.cluster = %s and q.at >= %s"
+                " and not exists (select 1 from audit_events d where d.dedupe_key = any("
+                "  array[q.data->>'sent_key', q.data->>'failed_key']))"
+                " order by q.id limit %s",
+                (cluster, since, limit),
+            )
+            return [StoredEvent.model_validate(row) for row in await cur.fetchall()]
 
     async def events_after(
         self, last_id: int, kinds: Sequence[str], limit: int = 500
@@ -328,10 +364,68 @@ class AuditStore:
             )
             return sorted(str(r[0]) for r in await cur.fetchall())
 
+    @contextlib.asynccontextmanager
+    async def drain_lock(self, cluster: str, *, hang_limit_s: float = 300.0) -> AsyncIterator[None]:
+        """Hold the cluster's blast-radius lock for the body (waiting for it if another worker
+        holds it): whoever drains reads past drains, re-checks the guard, drains and records the
+        drain while no one else on this cluster can.
+
+        The lock is a transaction-scoped advisory lock on a connection of its own, not the
+        pool's: waiters must not starve the pool, and the holder records its drain through the
+        pool before it lets go. It ends with the body; the server ends it when a crashed
+        worker's connection drops, and ``hang_limit_s`` idle inside the transaction (a worker
+        that hangs while holding it) ends the session and so the lock."""
+        conninfo = self._pool.conninfo
+        if not isinstance(conninfo, str):  # every pool here is built from a database URL
+            raise TypeError("the drain lock needs a pool built from a database URL")
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, connect_timeout=15
+            )
+        except psycopg.OperationalError as exc:
+            raise AuditUnavailableError("no audit database for the drain lock") from exc
+        async with conn:
+            try:
+                await conn.execute(
+                    "select set_config('idle_in_transaction_session_timeout', %s, false)",
+                    (str(int(hang_limit_s * 1000)),),
+                )
+                await conn.execute("begin")
+                await conn.execute("select pg_advisory_xact_lock(%s)", (drain_lock_key(cluster),))
+            except psycopg.OperationalError as exc:
+                raise AuditUnavailableError("lost the audit database for the drain lock") from exc
+            try:
+                yield
+            finally:
+                with contextlib.suppress(psycopg.Error):  # a dropped session has let go already
+                    await conn.execute("rollback")
+
+    async def suspicions(self, cluster: str, since: datetime) -> list[NodeSuspicion]:
+        """Nodes that verdicts since ``since`` named on job-controlled evidence alone (their
+        ``suspects``), with the distinct users whose jobs did (``user``; rows without a user
+        do not count)."""
+        sql = """
+            select n.node, array_agg(distinct e.data->>'user' order by e.data->>'user')
+                       as users,
+                   count(distinct i.id) as incidents, max(e.at) as last_at
+            from audit_events e
+            join incidents i on i.id = e.incident_id
+            cross join lateral jsonb_array_elements_text(
+                case when jsonb_typeof(e.data->'suspects') = 'array'
+                     then e.data->'suspects' else '[]'::jsonb end) as n(node)
+            where i.cluster = %s and e.kind = 'verdict' and e.at >= %s
+              and coalesce(e.data->>'user', '') <> ''
+            group by n.node
+            order by n.node
+        """
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, (cluster, since))
+            return [NodeSuspicion.model_validate(row) for row in await cur.fetchall()]
+
     async def node_reputation(self, cluster: str, since: datetime) -> list[NodeReputation]:
-        """Each node's incidents since ``since`` that implicated it: named as a culprit by the
-        evidence, or allocated to a job whose failure named no node (see ``implicated`` in
-        verdict records). A node named only for its reputation does not count again."""
+        """Each node's incidents since ``since`` that implicated it: those whose verdict
+        records the node as ``implicated`` — trusted evidence on it (see ``implicated``). A
+        node named only by a job's output or for its reputation does not count."""
         sql = """
             select n.node, count(distinct i.id) as incidents,
                    count(distinct i.job_id) as jobs, max(e.at) as last_at,

@@ -30,6 +30,11 @@ KINDS = (
     "rejection",
     "action",
     "verify",
+    "suspect",
+    "intake",
+    "notification_queued",
+    "notification",
+    "notification_failed",
 )
 PAGE = 50
 EXPORT_DEFAULT, EXPORT_MAX = 1000, 10000

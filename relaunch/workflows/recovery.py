@@ -1,8 +1,10 @@
 """RecoveryWorkflow: one durable workflow per interrupted job attempt.
 
 gather evidence → attribute → plan → (monitor mode: wait for approve / reject / expiry) →
-isolate → restart → verify. Orchestration only: every decision and side effect is an activity,
-so its result is in the history and the audit trail.
+isolate → restart → verify. A plan a guard refused runs only on an operator's approval (an
+override); autonomous mode holds it, and a drain that `isolate` refuses holds the job too.
+Orchestration only: every decision and side effect is an activity, so its result is in the
+history and the audit trail.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from relaunch.models.recovery import (
@@ -54,18 +56,43 @@ class CallPolicy:
     timeout: timedelta
     retry: RetryPolicy
     heartbeat: timedelta | None = None
+    # Retries stop when this much time has passed since the first attempt (None: only the
+    # retry policy's attempts limit them).
+    give_up_after: timedelta | None = None
+    # Run locally: backoffs longer than this wait on a workflow timer, not in the worker.
+    local_retry_threshold: timedelta | None = None
 
+
+# How long the steps that write or read the audit trail (and read Slurm) keep retrying through
+# an outage of PostgreSQL or the Slurm controller: a recovery waits out a failover or a
+# maintenance window, and goes on where it stopped, instead of failing for good. Each attempt's
+# error is in the worker's log; only errors typed non-retryable end the step at once.
+OUTAGE_TOLERANCE = timedelta(hours=24)
+# Capped backoff: 1 s doubling to once every 30 s, so a recovery resumes within half a minute
+# of the database's return, and hundreds of waiting recoveries cost the database little.
+OUTAGE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=0,  # unlimited: OUTAGE_TOLERANCE bounds them
+)
+# These steps run as local activities (LOCAL_QUICK_STEPS). A local activity retries inside its
+# workflow task, which the worker keeps alive with a workflow-task heartbeat every few seconds;
+# from a backoff of 16 s on, each retry waits on a workflow timer instead: a 30-minute outage
+# adds about 60 timers to the history rather than hundreds of heartbeat tasks.
+LOCAL_RETRY_THRESHOLD = timedelta(seconds=10)
 
 RECORD = CallPolicy(
-    timedelta(seconds=15), RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
+    timedelta(seconds=15),
+    OUTAGE_RETRY,
+    give_up_after=OUTAGE_TOLERANCE,
+    local_retry_threshold=LOCAL_RETRY_THRESHOLD,
 )
 OBSERVE = CallPolicy(
     timedelta(seconds=90),
-    RetryPolicy(
-        initial_interval=timedelta(seconds=1),
-        maximum_interval=timedelta(seconds=10),
-        maximum_attempts=5,
-    ),
+    OUTAGE_RETRY,
+    give_up_after=OUTAGE_TOLERANCE,
+    local_retry_threshold=LOCAL_RETRY_THRESHOLD,
 )
 ACT = CallPolicy(
     timedelta(seconds=120),
@@ -87,6 +114,18 @@ ACT = CallPolicy(
 # ordinary activities (heartbeats, retries on another worker). Older histories replay unpatched.
 LOCAL_QUICK_STEPS = "local-quick-steps"
 
+# Recoveries started after this patch act on a guard's refusal: a plan a guard refused
+# (needs_override) is put to a human as an override in monitor mode and held in autonomous mode;
+# a drain that `isolate` refuses on fresh state (recoveries racing for the blast radius) holds
+# the job instead of restarting it; the suspects of an exclude_and_restart are recorded. Older
+# histories, whose plans never carry these, replay unpatched.
+GUARD_REFUSALS = "guard-refusals"
+
+# Recoveries started after this patch end with a recorded no_action stage when the job has
+# left Slurm before its evidence is gathered (cancelled and aged out, a cluster reset), instead
+# of failing the workflow. Older histories that failed there replay unpatched.
+JOB_LEFT_SLURM = "job-left-slurm"
+
 
 async def call(
     name: str,
@@ -104,7 +143,9 @@ async def call(
             arg,
             result_type=result_type,
             start_to_close_timeout=policy.timeout,
+            schedule_to_close_timeout=policy.give_up_after,
             retry_policy=policy.retry,
+            local_retry_threshold=policy.local_retry_threshold,
             summary=summary,
         )
     else:
@@ -113,11 +154,19 @@ async def call(
             arg,
             result_type=result_type,
             start_to_close_timeout=policy.timeout,
+            schedule_to_close_timeout=policy.give_up_after,
             heartbeat_timeout=policy.heartbeat,
             retry_policy=policy.retry,
             summary=summary,
         )
     return cast(T, result)
+
+
+def _job_not_found(err: ActivityError | ApplicationError) -> bool:
+    """Whether the step failed because the scheduler no longer knows the job (an activity's
+    error comes wrapped in an ActivityError; a local activity's, as it was raised)."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    return isinstance(cause, ApplicationError) and cause.type == "JobNotFoundError"
 
 
 @workflow.defn
@@ -134,6 +183,7 @@ class RecoveryWorkflow:
         self._detections = 0
         self._outcome = ""
         self._local: bool | None = None
+        self._guards_patched: bool | None = None
 
     @property
     def _quick_local(self) -> bool:
@@ -141,6 +191,13 @@ class RecoveryWorkflow:
         if self._local is None:
             self._local = workflow.patched(LOCAL_QUICK_STEPS)
         return self._local
+
+    @property
+    def _acts_on_refusals(self) -> bool:
+        """Whether this recovery acts on guard refusals (see GUARD_REFUSALS)."""
+        if self._guards_patched is None:
+            self._guards_patched = workflow.patched(GUARD_REFUSALS)
+        return self._guards_patched
 
     # ------------------------------------------------------------------ messages
 
@@ -249,26 +306,36 @@ class RecoveryWorkflow:
 
     @workflow.run
     async def run(self, inp: RecoveryInput) -> RecoveryStatus:
-        self._incident = recovery_workflow_id(inp.cluster, inp.job_id, inp.attempt)
+        self._incident = inp.incident_id or recovery_workflow_id(
+            inp.cluster, inp.job_id, inp.attempt
+        )
         self._input = inp
         policy = inp.policy
         workflow.upsert_search_attributes(
             [SA_CLUSTER.value_set(inp.cluster), SA_JOB.value_set(inp.job_id)]
         )
         await self._stage_to(Stage.GATHERING, "gathering evidence")
-        evidence = await call(
-            "gather_evidence",
-            GatherInput(
-                incident_id=self._incident,
-                cluster=inp.cluster,
-                job_id=inp.job_id,
-                attempt=inp.attempt,
-            ),
-            EvidenceSummary,
-            OBSERVE,
-            f"gather evidence for job {inp.job_id}",
-            local=self._quick_local,
-        )
+        try:
+            evidence = await call(
+                "gather_evidence",
+                GatherInput(
+                    incident_id=self._incident,
+                    cluster=inp.cluster,
+                    job_id=inp.job_id,
+                    attempt=inp.attempt,
+                ),
+                EvidenceSummary,
+                OBSERVE,
+                f"gather evidence for job {inp.job_id}",
+                local=self._quick_local,
+            )
+        except (ActivityError, ApplicationError) as err:
+            # Nothing is left to recover: say so in the trail rather than fail the workflow.
+            if not (_job_not_found(err) and workflow.patched(JOB_LEFT_SLURM)):
+                raise
+            return await self._finish(
+                Stage.NO_ACTION, f"job {inp.job_id} no longer known to Slurm: no action"
+            )
         self._stage = Stage.ATTRIBUTING
         verdict = await call(
             "attribute",
@@ -306,13 +373,31 @@ class RecoveryWorkflow:
         if plan.action is Action.NONE:
             return await self._finish(Stage.NO_ACTION, f"no action for {verdict.category.value}")
 
+        act = ActInput(incident_id=self._incident, cluster=inp.cluster, plan=plan)
+        override = plan.needs_override and plan.action is not Action.HOLD
+        override = override and self._acts_on_refusals
+        refused = "; ".join(f"{g.guard}: {g.detail}" for g in plan.guards if not g.allowed)
+        if override and plan.mode is Mode.AUTONOMOUS:
+            # Only a person may override a guard; the held stage notifies the operators.
+            try:
+                held = await self._act("hold", act)
+            except ActivityError as err:
+                return await self._failed(err)
+            return await self._finish(
+                Stage.HELD, f"guard refused ({refused}): held for a human: {held.detail}"
+            )
+
         # Holding does nothing irreversible (the job is left for a human), so it needs no approval.
         if plan.mode is Mode.MONITOR and plan.action is not Action.HOLD:
             self._deadline_s = policy.approval_timeout_s
+            recommend = f"recommend {plan.action.value}: " + "; ".join(plan.reasons)
+            if override:
+                recommend = f"guard refused ({refused}), approving overrides it: {recommend}"
             await self._stage_to(
                 Stage.AWAITING_APPROVAL,
-                f"recommend {plan.action.value}: " + "; ".join(plan.reasons),
+                recommend,
                 request_id=plan.request_id,
+                **({"override": True} if override else {}),
             )
             try:
                 await workflow.wait_condition(
@@ -326,11 +411,14 @@ class RecoveryWorkflow:
                 )
             assert self._decision is not None
             decision, by = self._decision
+            overrides = override and decision == "approve"
+            verb = {"approve": "approved", "reject": "rejected"}[decision]
             await self._record(
                 "approval" if decision == "approve" else "rejection",
-                ("approved" if decision == "approve" else "rejected")
+                ("override approved" if overrides else verb)
                 + f" by {by.by}"
-                + (f": {by.reason}" if by.reason else ""),
+                + (f": {by.reason}" if by.reason else "")
+                + (f" (overrides {refused})" if overrides else ""),
                 actor=by.by,
                 dedupe="decision",
                 data={
@@ -338,19 +426,42 @@ class RecoveryWorkflow:
                     "by": by.by,
                     "reason": by.reason,
                     "request_id": plan.request_id,
+                    **(
+                        {
+                            "override": True,
+                            "guards": [g.guard for g in plan.guards if not g.allowed],
+                        }
+                        if overrides
+                        else {}
+                    ),
                 },
             )
             if decision == "reject":
                 return await self._finish(Stage.REJECTED, f"rejected by {by.by}: no action")
 
-        act = ActInput(incident_id=self._incident, cluster=inp.cluster, plan=plan)
         try:
             if plan.action is Action.HOLD:
                 held = await self._act("hold", act)
                 return await self._finish(Stage.HELD, f"held for a human: {held.detail}")
             if plan.drain_nodes or plan.fence_nodes:
                 await self._stage_to(Stage.ISOLATING, f"isolating {','.join(plan.drain_nodes)}")
-                await self._act("isolate", act)
+                isolated = await self._act("isolate", act)
+                if not isolated.ok and self._acts_on_refusals:
+                    # Another recovery drained first and the cap is reached: restarting would
+                    # leave the job to the scheduler with its culprit in service.
+                    held = await self._act("hold", act)
+                    return await self._finish(
+                        Stage.HELD, f"{isolated.detail}: held for a human: {held.detail}"
+                    )
+            if plan.suspect_nodes and self._acts_on_refusals:
+                await self._record(
+                    "suspect",
+                    f"suspect {','.join(plan.suspect_nodes)}: named by job-controlled evidence "
+                    f"only; excluded from job {plan.job_id}, not drained",
+                    nodes=plan.suspect_nodes,
+                    dedupe="suspect",
+                    data={"job_id": plan.job_id, "suspect_nodes": plan.suspect_nodes},
+                )
             await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
             restarted = await self._act("restart", act)
             await self._stage_to(Stage.VERIFYING, restarted.detail)
@@ -373,9 +484,12 @@ class RecoveryWorkflow:
                 "verify the job runs on healthy nodes",
             )
         except ActivityError as err:
-            cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]
-            return await self._finish(Stage.FAILED, f"failed in {self._stage.value}: {cause}")
+            return await self._failed(err)
         return await self._finish(Stage.DONE, verified.detail)
+
+    async def _failed(self, err: ActivityError) -> RecoveryStatus:
+        cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]
+        return await self._finish(Stage.FAILED, f"failed in {self._stage.value}: {cause}")
 
     async def _act(self, name: str, act: ActInput) -> StepOutcome:
         return await call(name, act, StepOutcome, ACT, name)

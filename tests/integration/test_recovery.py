@@ -313,10 +313,49 @@ async def test_blast_radius_guard_refuses_and_says_so(make_harness: MakeHarness)
     h.inject_xid(nodes[1])
     incident = h.incident(job_id)
     status = await h.wait_stage(incident, {Stage.HELD}, timeout=90)
-    assert status.plan is not None and not status.plan.drain_nodes
+    # The plan stands as an override an operator could approve; autonomous mode holds it.
+    assert status.plan is not None and status.plan.needs_override
+    assert "guard refused" in status.outcome and "blast_radius" in status.outcome
     guards = await h.events(incident, "guard")
     assert any("blast_radius: REFUSED" in g.summary for g in guards)
     assert not (await h.sched.get_node(nodes[1])).drain_flag
+    assert not await actions(h, incident, "restart")
+    await save_history(h, incident, "autonomous_guard_held")
+
+
+async def test_an_operator_overrides_a_refused_guard_and_it_is_audited(
+    make_harness: MakeHarness,
+) -> None:
+    """Monitor mode asks a human even when the guard refuses (the recommendation says so);
+    approving it is an override: the node is drained past the guard, and the audit says who."""
+    h = make_harness(Policy(mode=Mode.MONITOR, drain_share=0.10, drain_cap=4, verify_timeout_s=120))
+    h.start("worker")
+    h.start("watch")
+    job_id, nodes, _ = await start_training(h)
+    earlier = next(n.name for n in await h.sched.list_nodes() if n.name not in nodes)
+    await h.sched.drain_node(earlier, "relaunch incident earlier")
+    await _seed(h, f"relaunch-{h.config.name}-earlier-0", "earlier", "drain", earlier)
+    h.inject_xid(nodes[1])
+    incident = h.incident(job_id)
+    status = await h.wait_stage(incident, {Stage.AWAITING_APPROVAL}, timeout=90)
+    assert status.plan is not None and status.plan.needs_override
+    assert status.plan.drain_nodes == [nodes[1]]
+    asked = (await h.events(incident, "stage"))[-1]
+    assert "blast_radius" in asked.summary and "approving overrides it" in asked.summary
+    assert not (await h.sched.get_node(nodes[1])).drain_flag
+
+    await h.handle(incident).signal(
+        RecoveryWorkflow.approve, Approval(by="ana", reason="its GPU is gone")
+    )
+    await h.wait_stage(incident, {Stage.DONE}, timeout=180)
+    assert incident in (await h.sched.get_node(nodes[1])).reason
+    assert nodes[1] not in (await h.sched.get_job(job_id)).nodes
+    approvals = await h.events(incident, "approval")
+    assert [(a.actor, a.data.get("override")) for a in approvals] == [("ana", True)]
+    assert "override approved by ana" in approvals[0].summary
+    guards = await h.events(incident, "guard")
+    assert any("overridden by an operator" in g.summary for g in guards)
+    await save_history(h, incident, "monitor_override_approved")
 
 
 async def test_exhausted_restart_budget_holds(make_harness: MakeHarness) -> None:

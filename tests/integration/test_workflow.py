@@ -25,6 +25,7 @@ from relaunch.models.recovery import (
     DetectionSource,
     EvidenceSummary,
     GatherInput,
+    GuardDecision,
     JobSnapshot,
     Mode,
     Policy,
@@ -44,6 +45,8 @@ class Fakes:
 
     action: Action = Action.ISOLATE_AND_RESTART
     mode: Mode = Mode.MONITOR
+    needs_override: bool = False  # the blast-radius guard refused the plan
+    isolate_ok: bool = True  # False: isolate's re-check refuses the drain
     calls: list[str] = field(default_factory=list)
     events: list[dict[str, object]] = field(default_factory=list)
 
@@ -80,20 +83,32 @@ class Fakes:
         @activity.defn(name="plan")
         async def plan(inp: object) -> ActionPlan:
             self.calls.append("plan")
+            isolates = self.action is Action.ISOLATE_AND_RESTART
             return ActionPlan(
                 request_id="r1",
                 action=self.action,
                 mode=self.mode,
-                drain_nodes=["n2"],
+                drain_nodes=["n2"] if isolates else [],
                 exclude_nodes=["n2"],
+                suspect_nodes=[] if isolates else ["n2"],
                 job_id="7",
                 expected_restart_count=0,
+                needs_override=self.needs_override,
+                guards=[
+                    GuardDecision(
+                        guard="blast_radius",
+                        allowed=not self.needs_override,
+                        detail="1 out of service by Relaunch in 24 h + 1 new, limit 1",
+                    )
+                ],
             )
 
         def step(name: str) -> object:
             @activity.defn(name=name)
             async def run(inp: ActInput) -> StepOutcome:
                 self.calls.append(name)
+                if name == "isolate" and not self.isolate_ok:
+                    return StepOutcome(ok=False, detail="blast_radius: REFUSED at drain time")
                 return StepOutcome(ok=True, changed=True, detail=f"{name} done")
 
             return run
@@ -228,3 +243,71 @@ async def test_approval_before_the_recommendation_is_ignored(env: tuple[Client, 
         await handle.signal(RecoveryWorkflow.approve, Approval(by="eager"))
         result = await handle.result()
     assert result.stage is Stage.NO_ACTION and result.decided_by is None
+
+
+async def run_fakes(
+    client: Client, queue: str, fakes: Fakes, approve: Approval | None = None
+) -> RecoveryStatus:
+    async with Worker(
+        client, task_queue=queue, workflows=[RecoveryWorkflow], activities=fakes.activities()
+    ):
+        handle = await start(client, queue, Policy())
+        if approve is not None:
+            await wait_awaiting(handle)
+            await handle.signal(RecoveryWorkflow.approve, approve)
+        return await handle.result()
+
+
+async def test_autonomous_mode_never_overrides_a_guard(env: tuple[Client, str]) -> None:
+    client, queue = env
+    fakes = Fakes(mode=Mode.AUTONOMOUS, needs_override=True)
+    result = await run_fakes(client, queue, fakes)
+    assert result.stage is Stage.HELD and "blast_radius" in result.outcome
+    assert "hold" in fakes.calls and not {"isolate", "restart"} & set(fakes.calls)
+    held = [e for e in fakes.events if e["kind"] == "stage" and e["stage"] == "held"]
+    assert held and "guard refused" in str(held[0]["summary"])  # what the notification says
+
+
+async def test_monitor_mode_asks_a_human_to_override_a_refused_guard(
+    env: tuple[Client, str],
+) -> None:
+    client, queue = env
+    fakes = Fakes(needs_override=True)
+    result = await run_fakes(client, queue, fakes, Approval(by="ana", reason="n2 is dead"))
+    asked = [e for e in fakes.events if e.get("stage") == "awaiting_approval"]
+    assert "approving overrides it" in str(asked[0]["summary"])
+    approval = next(e for e in fakes.events if e["kind"] == "approval")
+    assert approval["actor"] == "ana" and "override approved by ana" in str(approval["summary"])
+    assert approval["data"]["override"] is True  # type: ignore[index]
+    assert result.stage is Stage.DONE
+    assert fakes.calls[-3:] == ["isolate", "restart", "verify"]
+
+
+async def test_a_plain_approval_is_not_recorded_as_an_override(env: tuple[Client, str]) -> None:
+    client, queue = env
+    fakes = Fakes()
+    await run_fakes(client, queue, fakes, Approval(by="ana"))
+    approval = next(e for e in fakes.events if e["kind"] == "approval")
+    assert "override" not in approval["data"]  # type: ignore[operator]
+
+
+async def test_a_drain_refused_at_drain_time_holds_the_job(env: tuple[Client, str]) -> None:
+    """Another recovery drained first and took the last place under the cap: this one holds
+    the job for a human instead of restarting it with its culprit still in service."""
+    client, queue = env
+    fakes = Fakes(mode=Mode.AUTONOMOUS, isolate_ok=False)
+    result = await run_fakes(client, queue, fakes)
+    assert result.stage is Stage.HELD and "REFUSED at drain time" in result.outcome
+    assert fakes.calls[-2:] == ["isolate", "hold"] and "restart" not in fakes.calls
+
+
+async def test_exclude_and_restart_drains_nothing_and_records_the_suspects(
+    env: tuple[Client, str],
+) -> None:
+    client, queue = env
+    fakes = Fakes(action=Action.EXCLUDE_AND_RESTART, mode=Mode.AUTONOMOUS)
+    result = await run_fakes(client, queue, fakes)
+    assert result.stage is Stage.DONE
+    assert "isolate" not in fakes.calls and fakes.calls[-2:] == ["restart", "verify"]
+    suspects = [e for e in fakes.events if e["kind"] == "suspect"]
+    assert [s["nodes"] for s in suspects] == [["n2"]]

@@ -23,6 +23,10 @@ def test_histories_are_committed() -> None:
     assert recorded <= names
     # Recorded before the quick steps became local activities: they still replay, unpatched.
     assert {f"{name}.before-local-steps" for name in recorded} <= names
+    # Recorded with the guard-refusals patch: a plan the guard refused, held in autonomous
+    # mode or overridden by an operator in monitor mode, and a drain refused at drain time.
+    guarded = {"autonomous_guard_held", "monitor_override_approved", "monitor_refused_at_drain"}
+    assert guarded <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
