@@ -218,6 +218,7 @@ def _detection(
         nodes=nodes,
         fault_time=fault_time,
         detected_at=datetime.now(UTC),
+        submitted_at=job.submit_time,
     )
 
 

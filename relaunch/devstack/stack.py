@@ -7,12 +7,14 @@ The stack's settings (ports, node count, cred_expire) are fixed by the first `up
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import psycopg
 from pydantic import BaseModel, Field
 
@@ -346,7 +348,11 @@ class Stack:
     # ------------------------------------------------------------------ down
 
     def down(self, progress: Callable[[str], None] = lambda _: None) -> int:
-        """Stop every process of the stack, its jobs included. Returns how many were stopped."""
+        """Stop every process of the stack, its jobs included. Returns how many were stopped.
+
+        Relaunch's own services stop first: a watcher still running while the jobs are cancelled
+        would start recoveries of jobs that are about to vanish with the cluster."""
+        services_stopped = self._stop_services(progress)
         progress("cancelling jobs")
         scancel_all(self.slurm)
         if self.config.database_url is None:
@@ -363,7 +369,20 @@ class Stack:
             )
         for sock in (self.slurm.restd_socket, self.slurm.munge_socket):
             sock.unlink(missing_ok=True)
-        return stopped
+        return services_stopped + stopped
+
+    def _stop_services(self, progress: Callable[[str], None]) -> int:
+        """Stop the watcher, worker and console (those `up` started) and wait for them."""
+        running: list[psutil.Process] = []
+        for name in SERVICES:
+            pid = self._service_pid(name)
+            if pid is not None:
+                with contextlib.suppress(psutil.Error):  # it ended in between
+                    running.append(psutil.Process(pid))
+        if not running:
+            return 0
+        progress(f"stopping relaunch {', '.join(SERVICES)}")
+        return procs.terminate(running)
 
     # ------------------------------------------------------------------ status
 

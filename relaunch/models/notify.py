@@ -20,7 +20,7 @@ class ChannelType(StrEnum):
 
 
 class NotifyEvent(StrEnum):
-    """What a channel can be told about (each at most once per incident and channel)."""
+    """What a channel can be told about (each once per incident and channel)."""
 
     RECOMMENDATION = "recommendation"  # monitor mode: a plan awaits approval
     ACTION = "action"  # the recovery acted and the job runs again
@@ -67,9 +67,21 @@ class NotifySettings(BaseModel):
     lookback_s: float = Field(
         default=3600.0, ge=0, description="on start, audit rows this recent are (re)considered"
     )
-    max_attempts: int = Field(default=6, ge=1, le=20)
+    max_attempts: int = Field(
+        default=6, ge=1, le=20, description="attempts of a notification's first delivery"
+    )
     backoff_s: float = Field(default=1.0, gt=0, description="first retry delay; doubles")
     backoff_max_s: float = Field(default=60.0, gt=0)
+    retry_for_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="an undelivered notification stays in the outbox and is tried again, one "
+        "attempt per pass with the backoff going on, for this long; then it is given up "
+        "(a notification_failed row)",
+    )
+    retry_interval_max_s: float = Field(
+        default=60.0, gt=0, description="the longest wait between two passes for one notification"
+    )
     timeout_s: float = Field(default=10.0, gt=0, le=120)
     console_url: str | None = Field(
         default=None, description="the console's public URL, for links in messages"

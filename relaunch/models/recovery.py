@@ -6,7 +6,8 @@ Temporal history (and the UI) shows named fields, and changes stay additive.
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
@@ -89,15 +90,55 @@ class Detection(BaseModel):
     nodes: list[str] = Field(default_factory=list)
     fault_time: datetime | None = None
     detected_at: datetime
+    submitted_at: datetime | None = Field(
+        default=None,
+        description="the job's submit time: tells apart two jobs Slurm gave the same id",
+    )
 
     @property
     def workflow_id(self) -> str:
+        """The documented id of this job attempt's recovery (the one to join first; see
+        ``recovery_client.start_or_join`` for the suffixed id of a reused job id)."""
         return recovery_workflow_id(self.cluster, self.job_id, self.attempt)
 
 
-def recovery_workflow_id(cluster: str, job_id: str, attempt: int) -> str:
-    """The design's contract: one workflow per job attempt."""
-    return f"relaunch-{cluster}-{job_id}-{attempt}"
+# The suffix of a recovery whose job id Slurm had given an earlier job: the job's submit time in
+# UTC, to the second (`relaunch-dev-26-0-20261203T051200Z`). Letters in it keep it from ever
+# reading as a job id or an attempt.
+_SUBMIT_SUFFIX = "%Y%m%dT%H%M%SZ"
+_SUFFIX = re.compile(r"-\d{8}T\d{6}Z")
+_DOCUMENTED = re.compile(
+    r"relaunch-(?P<cluster>.+)-(?P<job>[0-9]+(?:_[0-9]+)?)-(?P<attempt>[0-9]+)"
+)
+
+
+def recovery_workflow_id(
+    cluster: str, job_id: str, attempt: int, submitted_at: datetime | None = None
+) -> str:
+    """The design's contract: one workflow per job attempt, ``relaunch-<cluster>-<job>-<attempt>``.
+    With ``submitted_at``: the id of a later job that Slurm gave the same job id, which carries
+    that job's submit time as a suffix."""
+    base = f"relaunch-{cluster}-{job_id}-{attempt}"
+    if submitted_at is None:
+        return base
+    return f"{base}-{submitted_at.astimezone(UTC).strftime(_SUBMIT_SUFFIX)}"
+
+
+def same_attempt_ids(typed: str, candidates: list[str]) -> list[str]:
+    """The ids among ``candidates`` that a person means by ``typed``: ``typed`` itself and the
+    suffixed ids of later jobs with the same job id and attempt, in the order given."""
+    return [
+        c
+        for c in candidates
+        if c == typed or (c.startswith(typed) and _SUFFIX.fullmatch(c[len(typed) :]))
+    ]
+
+
+def parse_recovery_id(incident: str) -> tuple[str, str, int] | None:
+    """(cluster, job id, attempt) of a documented recovery id without its suffix; None when
+    ``incident`` is not one."""
+    m = _DOCUMENTED.fullmatch(incident)
+    return (m["cluster"], m["job"], int(m["attempt"])) if m else None
 
 
 def task_queue(cluster: str) -> str:
@@ -290,6 +331,11 @@ class RecoveryInput(BaseModel):
     job_id: str
     attempt: int
     policy: Policy = Field(default_factory=Policy)
+    incident_id: str | None = Field(
+        default=None,
+        description="the recovery's id when it is not relaunch-<cluster>-<job>-<attempt> "
+        "(a job id Slurm reused: the id carries the job's submit time)",
+    )
 
 
 class RecoveryStatus(BaseModel):

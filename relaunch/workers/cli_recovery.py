@@ -17,8 +17,9 @@ from pydantic import ValidationError
 from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import Approval
+from relaunch.models.recovery import Approval, parse_recovery_id, same_attempt_ids
 from relaunch.workers.cli_errors import fail as _fail
+from relaunch.workers.terminal import printable
 
 
 def cluster_config_path(state_dir: Path, cluster: str) -> Path:
@@ -111,7 +112,7 @@ def register(cli: click.Group) -> None:
                 client, incident, decision, Approval(by=by, reason=reason)
             )
             plan = before.plan
-            click.echo(f"{PAST[decision]} {incident} as {by}")
+            click.echo(f"{PAST[decision]} {before.incident_id or incident} as {by}")
             if plan is not None and decision == "approve":
                 click.echo(
                     f"  plan: {plan.action.value}"
@@ -184,13 +185,16 @@ def register(cli: click.Group) -> None:
         except RelaunchError as exc:
             _fail(exc)
         for row in rows:
+            # Rows carry what jobs and Slurm said: never an escape sequence to the terminal.
             if as_json:
-                click.echo(row.model_dump_json())
+                click.echo(printable(row.model_dump_json()))
             else:
                 click.echo(
-                    f"{row.id:<28} {row.created_at:%Y-%m-%d %H:%M:%S}  job {row.job_id:<6} "
-                    f"{row.category or '-':<13} {row.stage or '-':<18} "
-                    f"{','.join(row.nodes) or '-'}"
+                    printable(
+                        f"{row.id:<28} {row.created_at:%Y-%m-%d %H:%M:%S}  job {row.job_id:<6} "
+                        f"{row.category or '-':<13} {row.stage or '-':<18} "
+                        f"{','.join(row.nodes) or '-'}"
+                    )
                 )
         if not rows and not as_json:
             click.echo("no incidents")
@@ -201,21 +205,38 @@ def register(cli: click.Group) -> None:
     def show_cmd(incident: str, config_path: Path | None, cluster: str, state_dir: Path) -> None:
         """Show one incident's timeline with per-stage durations and the Temporal UI link."""
 
-        async def go() -> tuple[ClusterConfig, list[StoredEvent]]:
+        async def go() -> tuple[ClusterConfig, str, list[str], list[StoredEvent]]:
             config = load_config(config_path, cluster, state_dir)
             store = await AuditStore.open(config.database_url, timeout=5)
             try:
-                return config, await store.events(incident)
+                meant, others = await resolve_incident(store, incident)
+                return config, meant, others, await store.events(meant)
             finally:
                 await store.close()
 
         try:
-            config, events = asyncio.run(go())
+            config, meant, others, events = asyncio.run(go())
         except RelaunchError as exc:
             _fail(exc)
         if not events:
             _fail(RelaunchError(f"no incident {incident}", hint="`relaunch incidents` lists them"))
-        click.echo(format_timeline(incident, events, config))
+        click.echo(format_timeline(meant, events, config))
+        if others:
+            click.echo(f"same job id and attempt, another job: {', '.join(others)}")
+
+
+async def resolve_incident(store: AuditStore, typed: str) -> tuple[str, list[str]]:
+    """The incident a person means by ``typed``, and the others it could mean: where Slurm
+    reused a job id, the recoveries of later jobs carry their submit time as a suffix
+    (`relaunch-dev-26-0-20261203T051200Z`). An id that names an incident is that incident;
+    an id without the suffix names the newest of them."""
+    parsed = parse_recovery_id(typed)
+    if parsed is None:
+        return typed, []
+    rows = await store.incidents(cluster=parsed[0], job_id=parsed[1])  # newest first
+    ids = same_attempt_ids(typed, [r.id for r in rows])
+    meant = typed if typed in ids or not ids else ids[0]
+    return meant, [i for i in ids if i != meant]
 
 
 def workflow_url(config: ClusterConfig, incident: str) -> str:
@@ -232,9 +253,11 @@ def format_timeline(incident: str, events: list[StoredEvent], config: ClusterCon
         step = (e.at - prev).total_seconds()
         prev = e.at
         who = f" [{e.actor}]" if e.actor != "relaunch" else ""
+        # A summary may quote a job's log line: printed, it must not drive the terminal.
         lines.append(
-            f"  {e.at:%H:%M:%S.%f}"[:-3] + f"  +{since_start:7.2f}s (Δ{step:6.2f}s)  "
-            f"{e.kind:<9}{who} {e.summary}"
+            f"  {e.at:%H:%M:%S.%f}"[:-3]
+            + f"  +{since_start:7.2f}s (Δ{step:6.2f}s)  "
+            + printable(f"{e.kind:<9}{who} {e.summary}")
         )
     lines.append(f"Temporal UI: {workflow_url(config, incident)}")
     return "\n".join(lines)

@@ -1,11 +1,27 @@
-"""Starting, joining and steering recoveries from outside a workflow (watcher, CLI, console)."""
+"""Starting, joining and steering recoveries from outside a workflow (watcher, CLI, console).
+
+Identity: a job attempt's recovery is ``relaunch-<cluster>-<job>-<attempt>``. Slurm reuses job
+ids (they wrap, and a reset cluster counts from 1 again), so the recovery already under that id
+may be another job's: each recovery keeps its job's submit time in its memo, and the recovery of
+a later job with the same id and attempt carries the submit time as a suffix
+(``relaunch-dev-26-0-20261203T051200Z``). What a person types without the suffix is resolved
+to the recovery they mean (:func:`resolve`).
+"""
 
 from __future__ import annotations
 
-from temporalio.client import Client, WorkflowHandle
+import re
+from datetime import UTC, datetime, timedelta
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
@@ -14,26 +30,99 @@ from relaunch.models.recovery import (
     Detection,
     RecoveryInput,
     RecoveryStatus,
+    parse_recovery_id,
+    recovery_workflow_id,
+    same_attempt_ids,
     task_queue,
 )
 from relaunch.workflows.recovery import RecoveryWorkflow
 
+SUBMITTED_MEMO = "submitted_at"
+# A recovery from before submit times were kept has none in its memo: it belongs to an earlier
+# job when it started before this job was submitted. The slack covers the Temporal server's and
+# the Slurm controller's clocks disagreeing; a job id comes round again far later than this.
+CLOCK_SLACK = timedelta(seconds=60)
+# A closed recovery of the same attempt is started again only when its workflow failed or timed
+# out (it never reached a terminal stage); one that completed, or that a person terminated or
+# cancelled, is never started twice.
+RESTARTABLE = frozenset({WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TIMED_OUT})
+_VISIBILITY_VALUE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _epoch(when: datetime) -> int:
+    return int(when.astimezone(UTC).timestamp())
+
+
+async def _describe(client: Client, workflow_id: str) -> WorkflowExecutionDescription | None:
+    try:
+        return await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def _same_job(desc: WorkflowExecutionDescription, submitted_at: datetime) -> bool:
+    """Whether the recovery ``desc`` describes is of the job submitted at ``submitted_at``."""
+    kept = await desc.memo_value(SUBMITTED_MEMO, None, type_hint=int)
+    if kept is not None:
+        # A later holder of the job id was submitted after this recovery's job; a detection
+        # that carries an earlier (or the same) submit time is of this recovery's job.
+        return _epoch(submitted_at) <= kept
+    return desc.start_time >= submitted_at - CLOCK_SLACK
+
+
+async def recovery_for(
+    client: Client, det: Detection
+) -> tuple[str, WorkflowExecutionDescription | None]:
+    """The id of the recovery of this detection's job attempt, and its latest run if there is
+    one: the documented id, unless a recovery of another job (an earlier holder of the job id)
+    has it; then the id with this job's submit time as a suffix."""
+    documented = det.workflow_id
+    desc = await _describe(client, documented)
+    if (
+        desc is None
+        or det.submitted_at is None
+        # Job ids come round after millions of jobs, never while a recovery still runs: a
+        # running recovery is joined whatever the detection's submit time says.
+        or desc.status is WorkflowExecutionStatus.RUNNING
+        or await _same_job(desc, det.submitted_at)
+    ):
+        return documented, desc
+    suffixed = recovery_workflow_id(det.cluster, det.job_id, det.attempt, det.submitted_at)
+    return suffixed, await _describe(client, suffixed)
+
 
 async def start_or_join(client: Client, config: ClusterConfig, det: Detection) -> bool:
     """Signal the job attempt's recovery with this detection, starting it if there is none
-    (signal-with-start). Returns False when the recovery of this attempt has already closed:
-    it is never started again, and the late detection is dropped."""
+    (signal-with-start). Returns False when the recovery of this attempt has already ended
+    (completed, or stopped by a person): it is never started again, and the late detection is
+    dropped. A recovery whose workflow failed (it never reached a terminal stage) is started
+    again under the same id."""
+    workflow_id, latest = await recovery_for(client, det)
+    if (
+        latest is not None
+        and latest.status is not WorkflowExecutionStatus.RUNNING
+        and latest.status not in RESTARTABLE
+    ):
+        return False
     try:
         await client.start_workflow(
             RecoveryWorkflow.run,
             RecoveryInput(
-                cluster=config.name, job_id=det.job_id, attempt=det.attempt, policy=config.policy
+                cluster=config.name,
+                job_id=det.job_id,
+                attempt=det.attempt,
+                policy=config.policy,
+                incident_id=workflow_id,
             ),
-            id=det.workflow_id,
+            id=workflow_id,
             task_queue=task_queue(config.name),
             start_signal="detection",
             start_signal_args=[det],
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # The server's own guard for a run that completed between the look above and now.
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            memo={SUBMITTED_MEMO: _epoch(det.submitted_at)} if det.submitted_at else None,
             static_summary=f"recovery of job {det.job_id} attempt {det.attempt}: {det.kind}",
         )
     except WorkflowAlreadyStartedError:
@@ -47,10 +136,46 @@ async def _handle(
     return client.get_workflow_handle_for(RecoveryWorkflow.run, incident)
 
 
+async def _later_jobs(client: Client, typed: str) -> list[str]:
+    """Recoveries of later jobs that Slurm gave the job id and attempt of ``typed`` (suffixed
+    ids), newest first."""
+    parsed = parse_recovery_id(typed)
+    if parsed is None:
+        return []
+    cluster, job_id, _ = parsed
+    if not (_VISIBILITY_VALUE.fullmatch(cluster) and _VISIBILITY_VALUE.fullmatch(job_id)):
+        return []
+    found: list[tuple[datetime, str]] = []
+    query = f'RelaunchCluster = "{cluster}" AND RelaunchJobId = "{job_id}"'
+    async for wf in client.list_workflows(query):
+        if wf.id != typed and same_attempt_ids(typed, [wf.id]):
+            found.append((wf.start_time, wf.id))
+    return [wid for _, wid in sorted(set(found), reverse=True)]
+
+
+async def resolve(client: Client, incident: str, *, awaiting: bool = False) -> str:
+    """The recovery a person means by ``incident``: that id when a recovery has it (and, with
+    ``awaiting``, awaits approval); else the newest recovery of a later job with the same job id
+    and attempt (suffixed id) that does. Returns ``incident`` itself when neither exists."""
+    exact = await _describe(client, incident)
+    if exact is not None and not awaiting:
+        return incident
+    if exact is not None and (await _query(client, incident)).awaiting_approval:
+        return incident
+    for later in await _later_jobs(client, incident):
+        if not awaiting or (await _query(client, later)).awaiting_approval:
+            return later
+    return incident
+
+
+async def _query(client: Client, incident: str) -> RecoveryStatus:
+    handle = await _handle(client, incident)
+    return await handle.query(RecoveryWorkflow.status)
+
+
 async def status(client: Client, incident: str) -> RecoveryStatus:
     try:
-        handle = await _handle(client, incident)
-        return await handle.query(RecoveryWorkflow.status)
+        return await _query(client, incident)
     except RPCError as exc:
         raise RelaunchError(f"incident {incident}: {exc.message}") from exc
 
@@ -58,7 +183,12 @@ async def status(client: Client, incident: str) -> RecoveryStatus:
 async def decide(
     client: Client, incident: str, decision: str, approval: Approval
 ) -> RecoveryStatus:
-    """Send approve/reject — the same signal the UI and `temporal workflow signal` send."""
+    """Send approve/reject — the same signal the UI and `temporal workflow signal` send — to the
+    recovery ``incident`` means (see :func:`resolve`); its status before the decision."""
+    try:
+        incident = await resolve(client, incident, awaiting=True)
+    except RPCError as exc:
+        raise RelaunchError(f"incident {incident}: {exc.message}") from exc
     current = await status(client, incident)
     if not current.awaiting_approval:
         raise RelaunchError(

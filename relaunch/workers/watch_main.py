@@ -44,6 +44,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         node_log_pattern=config.node_log_pattern,
         telemetry_pattern=config.telemetry_pattern,
         progress_pattern=config.watch.progress_pattern,
+        job_output=config.job_output,
     )
 
 

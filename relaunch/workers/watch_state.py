@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from relaunch.connectors.logs import FileTail
 from relaunch.connectors.telemetry import TelemetryTail
+from relaunch.detection.findings import CLOCK_SKEW
 from relaunch.detection.lines import Line, LineBuffer
 from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import SignatureMatch
@@ -20,12 +21,23 @@ logger = logging.getLogger("relaunch.workers.watcher")
 
 @dataclass
 class Stream:
+    """One followed file: its tail, its partial last line, and what the last read got.
+    ``behind`` is True when the last read stopped at its limit (more may be waiting)."""
+
     tail: FileTail
     lines: LineBuffer = field(default_factory=LineBuffer)
     truncations: int = 0
     failing: bool = False
+    last_read: int = 0
+    behind: bool = False
 
-    def read(self) -> list[Line]:
+    def read(self, limit: int | None = None) -> list[Line]:
+        """The complete lines appended since the last read, reading at most ``limit`` bytes
+        (else the tail's own ``max_read``): the rest is read next time."""
+        self.last_read, self.behind = 0, False
+        configured = self.tail.max_read
+        asked = configured if limit is None else max(1, min(limit, configured))
+        self.tail.max_read = asked
         try:
             data = self.tail.read()
         except OSError as exc:
@@ -33,7 +45,10 @@ class Stream:
                 logger.warning("cannot read log", extra={"path": self.tail.path, "error": str(exc)})
             self.failing = True
             return []
+        finally:
+            self.tail.max_read = configured
         self.failing = False
+        self.last_read, self.behind = len(data), len(data) >= asked
         if self.tail.truncations != self.truncations:
             self.truncations = self.tail.truncations
             self.lines.discard_partial()
@@ -66,6 +81,12 @@ class JobWatch:
     node_since: dict[str, int] = field(default_factory=dict)
     drain_seen: dict[str, bool] = field(default_factory=dict)
     emitted: set[tuple[int, str, tuple[str, ...]]] = field(default_factory=set)
+    # Passes in a row that left some of this job's log unread (its scanning budget was spent).
+    backlog_passes: int = 0
+    # The submit time of the attempt being watched. Slurm gives a requeued job a new submit
+    # time, so a detection of the attempt a requeue interrupted must carry the old one (it is
+    # how a recovery tells its own job from a later job given the same id).
+    submitted_at: datetime | None = None
 
     def first_time(self, detection: Detection) -> bool:
         """Dedupe: one report per (attempt, kind, nodes)."""
@@ -87,6 +108,12 @@ class Poll:
     wall: datetime
     clock: float
     found: list[Detection] = field(default_factory=list)
+    # Taken when the poll is made: a requeue seen in this poll moves the watch to the new
+    # attempt, while this poll still reports the attempt the requeue interrupted.
+    submitted_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        self.submitted_at = self.watch.submitted_at
 
     def ago(self, seconds: float) -> datetime:
         return self.wall - timedelta(seconds=seconds)
@@ -113,11 +140,18 @@ class Poll:
                 nodes=sorted(nodes or []),
                 fault_time=fault_time,
                 detected_at=self.wall,
+                submitted_at=self.submitted_at,
             )
         )
 
     def add_match(self, match: SignatureMatch, nodes: list[str], source: DetectionSource) -> None:
         kind, when = f"signature:{match.signature}", match.timestamp
+        if source is DetectionSource.JOB_LOG and when is not None:
+            # A job's line may state any time: one later than now or before the submission
+            # is its say-so, not when the fault happened.
+            submitted = self.job.submit_time
+            if when > self.wall + CLOCK_SKEW or (submitted and when < submitted - CLOCK_SKEW):
+                when = None
         self.add(
             kind,
             source=source,

@@ -16,6 +16,11 @@ Choices worth knowing:
   count), and so are the log lines read in that same poll.
 - Only ``root`` and ``cascade`` signatures are reported, and only a root names nodes; a cascade
   comes from a healthy reporter and would blame the wrong node.
+- What a job prints is bounded before it costs anything: each pass scans at most
+  ``max_job_bytes_per_pass`` of a job's output (the rest waits for the next pass, counted in
+  ``WatchStats.backlogged``), lines are matched on their first 4 KiB (``long_lines``), a
+  progress tracker follows no more ranks than the job has tasks, hostlists are expanded only
+  up to the allocation's size, and a job line's stated time counts only when plausible.
 - Rank → node: a ``node=`` field on the rank's progress lines wins; otherwise Slurm's default
   block layout is assumed (task ``i`` of ``n`` per node runs on ``job.nodes[i // n]``; with one
   task per node, rank ``i`` is on ``job.nodes[i]``).
@@ -36,12 +41,14 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
+from relaunch.connectors.joboutput import FileAccess
 from relaunch.connectors.logs import FileTail
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.connectors.telemetry import TelemetryTail
 from relaunch.detection.findings import normalise_host, telemetry_findings
-from relaunch.detection.progress import ProgressTracker
-from relaunch.detection.signatures import Catalogue, Culprit, Role, SignatureMatch
+from relaunch.detection.progress import MAX_RANKS, ProgressTracker
+from relaunch.detection.signatures import MAX_LINE, Catalogue, Culprit, Role, SignatureMatch
+from relaunch.models.config import JobOutputSettings
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState, watched
@@ -81,6 +88,15 @@ class WatchConfig(BaseModel):
     )
     progress_pattern: str | None = Field(default=None, description="a regex with group `step`")
     max_read_bytes: int = Field(default=8 << 20, gt=0, description="per file per poll")
+    max_job_bytes_per_pass: int = Field(
+        default=4 << 20,
+        gt=0,
+        description="log bytes scanned per job per pass (stdout and stderr together); the "
+        "rest is read in later passes, so one flooding job cannot starve the others",
+    )
+    job_output: JobOutputSettings = Field(
+        default_factory=JobOutputSettings, description="which job output files may be read"
+    )
     max_pending: int = Field(default=10_000, gt=0, description="undelivered detections kept")
     deliver_parallel: int = Field(
         default=32, gt=0, description="recoveries started or signalled at once"
@@ -104,6 +120,9 @@ class WatchStats:
     detections: int = 0
     errors: int = 0
     last_error: str = ""
+    long_lines: int = 0  # job-log lines longer than the match limit, matched on their start
+    backlogged: int = 0  # job passes that left log bytes unread (the job's budget was spent)
+    ignored_progress: int = 0  # progress lines naming a rank outside the job's task count
 
 
 class Watcher:
@@ -327,7 +346,7 @@ class Watcher:
         if watch is None:
             fresh = job.restart_count == 0 and LINEAGE_KEY not in job.comment_fields
             watch = self._jobs[job.job_id] = JobWatch(
-                job, job.restart_count, fresh, self._tracker()
+                job, job.restart_count, fresh, self._tracker(job), submitted_at=job.submit_time
             )
         watch.job = job
         requeued = job.restart_count > watch.restart_count
@@ -335,7 +354,8 @@ class Watcher:
         if requeued:
             text = f"requeued: restart count {poll.attempt} -> {job.restart_count}, now {job.state}"
             poll.add("job_state:REQUEUED", text=text)
-            watch.restart_count, watch.progress = job.restart_count, self._tracker()
+            watch.restart_count, watch.progress = job.restart_count, self._tracker(job)
+            watch.submitted_at = job.submit_time
             watch.drain_seen.clear()
         if job.state.is_abnormal_end:
             text = f"{job.state} exit_code={job.exit_code} reason={job.reason or '-'}"
@@ -348,8 +368,10 @@ class Watcher:
             self._progress(poll)
         return [d for d in poll.found if watch.first_time(d)]
 
-    def _tracker(self) -> ProgressTracker:
-        return ProgressTracker(self.config.progress_pattern, k=self.config.stall_k)
+    def _tracker(self, job: Job) -> ProgressTracker:
+        """A tracker that follows at most the job's tasks (or the hard cap when unknown)."""
+        ranks = job.num_tasks if job.num_tasks > 0 else MAX_RANKS
+        return ProgressTracker(self.config.progress_pattern, k=self.config.stall_k, max_ranks=ranks)
 
     def _node_states(self, poll: Poll, nodes: dict[str, Node]) -> None:
         for name in poll.job.nodes:
@@ -375,17 +397,46 @@ class Watcher:
                 )
 
     def _job_logs(self, poll: Poll) -> None:
+        """Read and scan what the job's output files gained, within the job's budget for one
+        pass (shared between its files): a job that writes faster than that is read over
+        several passes, and the backlog is counted and said, never skipped."""
         job, watch = poll.job, poll.watch
-        for path in [p for p in dict.fromkeys([job.stdout_path, job.stderr_path]) if p]:
+        paths = [p for p in dict.fromkeys([job.stdout_path, job.stderr_path]) if p]
+        share = max(1, self.config.max_job_bytes_per_pass // max(len(paths), 1))
+        behind = False
+        for path in paths:
             stream = watch.logs.get(path)
             if stream is None:
-                stream = watch.logs[path] = self._stream(path, from_start=watch.from_start)
-            lines = stream.read()
+                access = FileAccess.for_job(job, self.config.job_output)
+                stream = watch.logs[path] = self._stream(
+                    path, from_start=watch.from_start, access=access
+                )
+            lines = stream.read(share)
+            behind = behind or stream.behind
+            ignored = watch.progress.ignored_lines
             for line in lines:
+                if len(line.text) > MAX_LINE:
+                    self.stats.long_lines += 1
                 watch.progress.observe(line.text, poll.clock)
+            self.stats.ignored_progress += watch.progress.ignored_lines - ignored
             for match in self._catalogue.scan_lines(lines, source=path):
                 if match.role in REPORTED_ROLES:
                     poll.add_match(match, self._culprits(poll, match), DetectionSource.JOB_LOG)
+        self._backlog(watch, behind)
+
+    def _backlog(self, watch: JobWatch, behind: bool) -> None:
+        """Count a pass that left the job's log unread, and say so when a backlog starts."""
+        if not behind:
+            watch.backlog_passes = 0
+            return
+        self.stats.backlogged += 1
+        watch.backlog_passes += 1
+        if watch.backlog_passes == 1:
+            logger.warning(
+                "job %s writes faster than its scanning budget; reading it over several passes",
+                watch.job.job_id,
+                extra={"job_id": watch.job.job_id, "budget": self.config.max_job_bytes_per_pass},
+            )
 
     def _node_news(self, poll: Poll) -> None:
         """What the job's nodes' kernel logs, then their telemetry, gave in this pass that is
@@ -469,10 +520,12 @@ class Watcher:
 
     # ---------------------------------------------------------------- helpers
 
-    def _stream(self, path: str, *, from_start: bool) -> Stream:
+    def _stream(self, path: str, *, from_start: bool, access: FileAccess | None = None) -> Stream:
         size = self.config.max_read_bytes
         return Stream(
-            FileTail(path, max_read=size) if from_start else FileTail.at_end(path, max_read=size)
+            FileTail(path, max_read=size, access=access)
+            if from_start
+            else FileTail.at_end(path, max_read=size, access=access)
         )
 
     def _culprits(self, poll: Poll, match: SignatureMatch) -> list[str]:

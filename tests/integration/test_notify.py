@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -21,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from relaunch.connectors.audit import AuditStore
+from relaunch.connectors.notify.channels import IDEMPOTENCY_HEADER
 from relaunch.connectors.notify.notifier import Notifier
 from relaunch.devstack.stack import Stack
 from relaunch.models.notify import ChannelSettings, NotifySettings
@@ -301,3 +303,132 @@ async def test_connection_errors_are_retried_and_only_one_notifier_sends(
     assert len(hooks) == 1 and hooks[0]["event"] == "recommendation"
     # The hook's expiry that failed earlier is sent by the next notifier's look-back.
     assert any(h["event"] == "expiry" for h in rx.got["hook"])
+
+
+class FlakyHook:
+    """A webhook that is down (503, or refusing with 400) for its first ``down`` requests, and
+    notes for each request whether its outbox row was already in the database."""
+
+    def __init__(self, database_url: str, down: int, code: int = 503) -> None:
+        self.database_url, self.down, self.code = database_url, down, code
+        self.got: list[tuple[dict[str, Any], str | None, bool]] = []
+
+    async def post(self, request: Request) -> Response:
+        body = await request.json()
+        async with await psycopg.AsyncConnection.connect(self.database_url) as conn:
+            cur = await conn.execute(
+                "select 1 from audit_events where incident_id = %s"
+                " and kind = 'notification_queued' and data->>'event' = %s",
+                (body["incident_id"], body["event"]),
+            )
+            queued = await cur.fetchone() is not None
+        self.got.append((body, request.headers.get(IDEMPOTENCY_HEADER), queued))
+        if len(self.got) <= self.down:
+            return PlainTextResponse("down", self.code)
+        return Response(status_code=204)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/hook", self.post, methods=["POST"])])
+
+
+def hook_only(**kw: Any) -> NotifySettings:
+    return NotifySettings(
+        channels=[ChannelSettings(type="webhook", name="ops-hook", url_env="T_HOOK_URL")],
+        poll_interval_s=0.1,
+        max_attempts=2,
+        backoff_s=0.02,
+        backoff_max_s=0.05,
+        retry_interval_max_s=0.2,
+        **kw,
+    )
+
+
+async def poll_until(notifier: Notifier, client: httpx.AsyncClient, seconds: float) -> int:
+    sent, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sent += await notifier.poll_once(client)
+        await asyncio.sleep(0.05)
+    return sent
+
+
+async def test_an_outage_of_the_receiver_is_waited_out_recorded_first_delivered_once(
+    stack: Stack, store: AuditStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver is down for many passes (the scaled-down picture of a 30-minute outage:
+    with the defaults a notification is tried again at least once a minute for a day)."""
+    cluster = f"no{os.getpid() % 10000}x{time.monotonic_ns() % 10000}"
+    hook = FlakyHook(stack.database_url, down=8)
+    with serve(hook.app(), "/") as base:
+        monkeypatch.setenv("T_HOOK_URL", base + "/hook")
+        notifier = Notifier(cluster, hook_only(), store, stack.database_url)
+        incident = await seed(store, cluster, "31", ["awaiting_approval"])
+        async with httpx.AsyncClient() as client:
+            assert await notifier.poll_once(client) == 0  # the first pass: 2 quick attempts
+            assert await poll_until(notifier, client, 4.0) == 1
+            assert await poll_until(notifier, client, 1.0) == 0  # delivered: never again
+    assert len(hook.got) == 9  # 8 refused while down, 1 accepted
+    assert all(queued for _, _, queued in hook.got)  # recorded before every attempt
+    keys = {key for _, key, _ in hook.got} | {body["idempotency_key"] for body, _, _ in hook.got}
+    assert len(keys) == 1 and None not in keys  # one key on every delivery attempt
+    rows = [e for e in await store.events(incident) if e.kind.startswith("notification")]
+    assert [(r.kind, r.data["event"]) for r in rows] == [
+        ("notification_queued", "recommendation"),
+        ("notification", "recommendation"),
+    ]
+    assert rows[1].data["attempts"] == 9
+
+
+async def test_a_database_lost_after_the_send_marks_it_sent_without_sending_again(
+    stack: Stack, store: AuditStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = f"nd{os.getpid() % 10000}x{time.monotonic_ns() % 10000}"
+    hook = FlakyHook(stack.database_url, down=0)
+    record = store.record
+    lost: list[str] = []
+
+    async def record_unless_first_mark(row: AuditRecord, *, dedupe_key: str | None = None) -> bool:
+        if row.kind == "notification" and not lost:
+            lost.append(row.incident_id)
+            raise psycopg.OperationalError("the database went away")
+        return await record(row, dedupe_key=dedupe_key)
+
+    with serve(hook.app(), "/") as base:
+        monkeypatch.setenv("T_HOOK_URL", base + "/hook")
+        notifier = Notifier(cluster, hook_only(), store, stack.database_url)
+        incident = await seed(store, cluster, "41", ["held"])
+        monkeypatch.setattr(store, "record", record_unless_first_mark)
+        async with httpx.AsyncClient() as client:
+            with pytest.raises(psycopg.OperationalError):
+                await notifier.poll_once(client)  # sent; the row that says so is not recorded
+            assert await poll_until(notifier, client, 1.0) == 0  # recorded now, not resent
+    assert lost == [incident]
+    assert [body["event"] for body, _, _ in hook.got] == ["failure"]
+    sent = [e for e in await store.events(incident) if e.kind == "notification"]
+    assert [r.data["event"] for r in sent] == ["failure"]
+
+
+async def test_a_refused_or_expired_notification_is_given_up_in_the_trail(
+    stack: Stack, store: AuditStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = f"nf{os.getpid() % 10000}x{time.monotonic_ns() % 10000}"
+    hook = FlakyHook(stack.database_url, down=1, code=400)
+    with serve(hook.app(), "/") as base:
+        monkeypatch.setenv("T_HOOK_URL", base + "/hook")
+        refused = await seed(store, cluster, "51", ["expired"])
+        async with httpx.AsyncClient() as client:
+            notifier = Notifier(cluster, hook_only(), store, stack.database_url)
+            assert await poll_until(notifier, client, 0.5) == 0
+            assert len(hook.got) == 1  # a refusal is not retried
+            # Receiver down past the retry window: given up, in words.
+            monkeypatch.setenv("T_HOOK_URL", "http://127.0.0.1:9/hook")
+            late = await seed(store, cluster, "52", ["expired"])
+            short = Notifier(cluster, hook_only(retry_for_s=0.5), store, stack.database_url)
+            assert await poll_until(short, client, 1.5) == 0
+    failed = {
+        e.incident_id: e.summary
+        for i in (refused, late)
+        for e in await store.events(i)
+        if e.kind == "notification_failed"
+    }
+    assert "refused" in failed[refused] and "HTTP 400" in failed[refused]
+    assert "not delivered within 0.5s" in failed[late]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import time
 from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -78,6 +80,8 @@ def scheduler(log: Path) -> FakeScheduler:
     fake.jobs = [
         Job(
             job_id="101",
+            user_id=os.getuid(),  # the job's output files are read as the job's user
+            group_id=os.getgid(),
             state=JobState.RUNNING,
             partition="debug",
             comment="relaunch=on",
@@ -134,6 +138,22 @@ async def test_requeue_by_slurm_names_the_interrupted_attempt(
     (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
     assert (found.kind, found.attempt) == ("job_state:REQUEUED", 0)
     assert await watcher.poll_once(T0 + timedelta(seconds=2)) == []
+
+
+async def test_a_requeue_reports_the_interrupted_attempts_submit_time(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """Slurm gives a requeued job a new submit time; the detection of the attempt it interrupted
+    keeps the old one, or it would look like a later job given the same id (a second recovery)."""
+    scheduler.set_job(submit_time=T0 - timedelta(minutes=5))
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    scheduler.set_job(state=JobState.PENDING, restart_count=1, nodes=[], submit_time=T0)
+    (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
+    assert (found.attempt, found.submitted_at) == (0, T0 - timedelta(minutes=5))
+    scheduler.set_job(state=JobState.FAILED, restart_count=1)
+    (later,) = await watcher.poll_once(T0 + timedelta(seconds=2))
+    assert (later.attempt, later.submitted_at) == (1, T0)
 
 
 async def test_node_down_and_not_responding(scheduler: FakeScheduler, tmp_path: Path) -> None:
@@ -227,7 +247,8 @@ async def test_slurm_lines_carry_their_own_time(
         "LIMIT ***\n"
     )
     append(log, line)
-    (found,) = await watcher.poll_once(T0)
+    # Read after the time the line states (a job line stamped in the future states nothing).
+    (found,) = await watcher.poll_once(T0 + timedelta(minutes=11))
     assert found.kind == "signature:slurm_time_limit"
     assert found.fault_time == datetime(2026, 2, 20, 9, 10, 13).astimezone(UTC)
 
@@ -624,3 +645,80 @@ async def test_telemetry_counter_rise_on_one_gpu(scheduler: FakeScheduler, tmp_p
     append(n2, '{"node": "n2", "gpu": 1, "xid": 79}\n')
     (xid,) = await watcher.poll_once(T0)
     assert xid.kind == "signature:xid_79" and xid.nodes == ["n2"]
+
+
+async def test_a_hostile_hostlist_names_no_node_and_costs_nothing(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    # Attack row 4: 52 bytes that would expand to a billion host names.
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    append(log, "srun: error: Node failure on a[0-999][0-999][0-999]\n" * 3)
+    started = time.process_time()
+    (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
+    assert time.process_time() - started < 1.0
+    assert (found.kind, found.nodes) == ("signature:srun_node_failure", [])
+    # A genuine fault afterwards is still seen.
+    append(log, "srun: error: Node failure on n2\n")
+    (found,) = await watcher.poll_once(T0 + timedelta(seconds=2))
+    assert (found.kind, found.nodes) == ("signature:srun_node_failure", ["n2"])
+
+
+async def test_a_flooding_job_does_not_starve_the_others(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    quiet_log = tmp_path / "job-102.out"
+    quiet = scheduler.jobs[0].model_copy(
+        update={"job_id": "102", "stdout_path": str(quiet_log), "stderr_path": str(quiet_log)}
+    )
+    scheduler.jobs.append(quiet)
+    watcher = make_watcher(scheduler, tmp_path, max_job_bytes_per_pass=1 << 20)
+    await watcher.poll_once(T0)
+    flood = "0: gpu1:1:1 [0] NCCL INFO Channel 00/32 : 0[0] -> 1[1] via NET/IB/0\n"
+    append(log, flood * (8 * (1 << 20) // len(flood)))  # 8 MiB
+    append(log, "1: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    append(quiet_log, "0: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    found = watcher.read_logs_once(T0)
+    # The quiet job's line is seen in the same pass; the flood is read 1 MiB at a time.
+    assert [(d.job_id, d.kind) for d in found] == [("102", "signature:cuda_ecc")]
+    assert watcher.log_offsets("101")[str(log)] == 1 << 20
+    assert watcher.stats.backlogged == 1
+    passes, found = 1, []
+    while not found:
+        found = watcher.read_logs_once(T0)
+        passes += 1
+    assert [(d.job_id, d.kind) for d in found] == [("101", "signature:cuda_ecc")]
+    assert passes == 9 and watcher.stats.backlogged == 8  # the last pass read all that was left
+
+
+async def test_long_lines_are_counted_and_hostile_ones_cost_milliseconds(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    append(log, ("mlx5_core " * 16000 + "Segmentation fault\n") * 20)  # 3.2 MB, row 7
+    started = time.process_time()
+    assert watcher.read_logs_once(T0) == []
+    assert time.process_time() - started < 2.0
+    assert watcher.stats.long_lines == 20
+
+
+async def test_progress_keeps_no_more_ranks_than_the_job_has_tasks(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    append(log, "".join(f"step=1 loss=0.1 rank={r} node=n1\n" for r in range(10_000)))
+    await watcher.poll_once(T0)
+    assert set(watcher._jobs["101"].progress.ranks) == {0, 1}  # num_tasks=2
+    assert watcher.stats.ignored_progress == 9_998
+
+
+async def test_a_job_line_stamped_in_the_future_gives_no_fault_time(
+    scheduler: FakeScheduler, tmp_path: Path, log: Path
+) -> None:
+    watcher = make_watcher(scheduler, tmp_path)
+    await watcher.poll_once(T0)
+    append(log, "2099-01-01T00:00:00Z 1: CUDA error: uncorrectable ECC error encountered\n")
+    (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
+    assert found.kind == "signature:cuda_ecc" and found.fault_time is None

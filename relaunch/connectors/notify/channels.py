@@ -1,6 +1,6 @@
 """Sending one notification to one channel: secrets from the environment, retries with
-exponential backoff on 429, 5xx and connection errors, and nothing secret in any log line or
-error message (a webhook URL is itself the secret)."""
+exponential backoff on 429, 5xx and connection errors, an ``Idempotency-Key`` header, and
+nothing secret in any log line or error message (a webhook URL is itself the secret)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,29 @@ from relaunch.models.notify import ChannelSettings, ChannelType, NotifySettings
 log = logging.getLogger("relaunch.notify")
 
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
 class NotificationError(RelaunchError):
     """A channel refused a notification, or could not be reached within the retries."""
 
 
+class NotificationRefusedError(NotificationError):
+    """The service refused the notification (a 4xx other than 429): sending it again will not
+    help."""
+
+
+class NotificationUndeliveredError(NotificationError):
+    """The service could not be reached, or answered 429 / 5xx, on every attempt."""
+
+    retryable = True
+
+
 class ChannelMisconfiguredError(NotificationError):
-    """The channel's secret is not in the environment."""
+    """The channel's secret is not in the environment (set it and restart: what waits in the
+    outbox is sent then)."""
+
+    retryable = True
 
 
 def _secret(channel: ChannelSettings) -> str:
@@ -43,7 +60,9 @@ def _secret(channel: ChannelSettings) -> str:
     return value
 
 
-def request_for(channel: ChannelSettings, ctx: NotificationContext) -> tuple[str, dict[str, Any]]:
+def request_for(
+    channel: ChannelSettings, ctx: NotificationContext, idempotency_key: str | None = None
+) -> tuple[str, dict[str, Any]]:
     """(URL, JSON body) of the channel's request for this event."""
     summary, text = render_text(ctx)
     secret = _secret(channel)
@@ -51,7 +70,7 @@ def request_for(channel: ChannelSettings, ctx: NotificationContext) -> tuple[str
         return channel.events_url, pagerduty_body(ctx, summary, text, secret)
     if channel.type is ChannelType.SLACK:
         return secret, slack_body(ctx, summary, text)
-    return secret, webhook_body(ctx, summary, text)
+    return secret, webhook_body(ctx, summary, text, idempotency_key)
 
 
 def _accepted(channel: ChannelSettings, response: httpx.Response) -> bool:
@@ -85,15 +104,25 @@ async def send(
     channel: ChannelSettings,
     ctx: NotificationContext,
     settings: NotifySettings,
+    *,
+    idempotency_key: str | None = None,
+    attempts: int | None = None,
 ) -> int:
-    """Send until accepted; returns the attempts it took. Raises NotificationError when the
-    service refuses (4xx other than 429) or the retries run out."""
-    url, body = request_for(channel, ctx)
+    """Send until accepted, at most ``attempts`` times (default ``settings.max_attempts``);
+    returns the attempts it took. Every attempt carries the same ``Idempotency-Key`` header
+    (and a webhook's body the same ``idempotency_key``), so a receiver can drop a repeat.
+    Raises NotificationRefusedError when the service refuses (4xx other than 429),
+    NotificationUndeliveredError when the attempts run out."""
+    url, body = request_for(channel, ctx, idempotency_key)
+    headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else None
     delay = settings.backoff_s
-    for attempt in range(1, settings.max_attempts + 1):
+    tries = attempts or settings.max_attempts
+    for attempt in range(1, tries + 1):
         wait: float | None = None
         try:
-            response = await client.post(url, json=body, timeout=settings.timeout_s)
+            response = await client.post(
+                url, json=body, headers=headers, timeout=settings.timeout_s
+            )
         except httpx.TransportError as exc:
             problem = f"cannot reach it ({type(exc).__name__})"
         else:
@@ -101,9 +130,11 @@ async def send(
                 return attempt
             problem = f"HTTP {response.status_code}: {_explain(response)}"
             if response.status_code != 429 and response.status_code < 500:
-                raise NotificationError(f"channel {channel.name} refused {ctx.event}: {problem}")
+                raise NotificationRefusedError(
+                    f"channel {channel.name} refused {ctx.event}: {problem}"
+                )
             wait = _retry_after(response)
-        if attempt == settings.max_attempts:
+        if attempt == tries:
             break
         pause = min(wait if wait is not None else delay, settings.backoff_max_s)
         log.warning(
@@ -115,7 +146,6 @@ async def send(
         )
         await asyncio.sleep(pause)
         delay = min(delay * 2, settings.backoff_max_s)
-    raise NotificationError(
-        f"channel {channel.name}: {ctx.event} not delivered after {settings.max_attempts}"
-        f" attempts: {problem}"
+    raise NotificationUndeliveredError(
+        f"channel {channel.name}: {ctx.event} not delivered after {tries} attempts: {problem}"
     )

@@ -86,12 +86,15 @@ def slack_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def webhook_body(ctx: NotificationContext, summary: str, text: str) -> dict[str, Any]:
-    return {
-        **ctx.model_dump(mode="json"),
-        "title": summary,
-        "text": text,
-    }
+def webhook_body(
+    ctx: NotificationContext, summary: str, text: str, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """The generic webhook's JSON: the context, the rendered text, and the key that is the same
+    on every delivery of this (incident, event, channel) — a receiver drops a repeat by it."""
+    body: dict[str, Any] = {**ctx.model_dump(mode="json"), "title": summary, "text": text}
+    if idempotency_key:
+        body["idempotency_key"] = idempotency_key
+    return body
 
 
 def slack_body(ctx: NotificationContext, summary: str, text: str) -> dict[str, Any]:
