@@ -12,8 +12,10 @@ deps:
 demo: deps
 	$(PY) examples/demo.py
 
+# Two pytest workers, each with its own stack; the PostgreSQL-outage test (10 minutes, most of
+# it waiting) has a worker to itself while the other runs the rest.
 test: deps lint typecheck
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # The inner loop: unit tests only, no stack (seconds).
 test-unit test-quick: deps

@@ -1,0 +1,116 @@
+"""Fixtures of the hostile-job tier: the session's real stack, a non-root Slurm user whose jobs
+are the attacks, a root-only secret, and per test module one Relaunch cluster (a real worker
+and watcher as processes, and the console in-process against the same PostgreSQL).
+
+A module may set ``POLICY`` (a :class:`Policy`) and ``SSH_USER`` (run the cluster's Slurm
+commands over the session's real sshd as that account)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from relaunch.connectors.audit import AuditStore
+from relaunch.console.app import create_app
+from relaunch.console.auth import Role, write_tokens
+from relaunch.console.web import Services
+from relaunch.devstack.stack import Stack
+from relaunch.models.config import ConsoleSettings
+from relaunch.models.recovery import Mode, Policy
+from tests.adversarial.hostile import HOSTILE_USER, Secret, Tier, ensure_user
+from tests.integration.harness import Harness
+from tests.integration.sshd import Sshd, sshd  # noqa: F401 - the session's real sshd fixture
+
+# Autonomous, so that a drain would really happen; a guard of one node, so that a regression
+# drains at most one healthy node of the four.
+DEFAULT_POLICY = Policy(
+    mode=Mode.AUTONOMOUS,
+    drain_share=0.25,
+    drain_cap=1,
+    verify_timeout_s=20,
+    approval_timeout_s=900,
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/adversarial/" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="module")
+async def tier(stack: Stack, request: pytest.FixtureRequest) -> AsyncIterator[Tier]:
+    """The module's Relaunch cluster on the session's stack: its worker and watcher running,
+    the hostile user's directory, the secret file, and a console client (a viewer's token)."""
+    user = ensure_user(HOSTILE_USER)
+    root = Path(tempfile.mkdtemp(prefix="relaunch-adv-"))
+    root.chmod(0o755)  # the hostile user writes its job output below
+    home = root / "mallory"
+    home.mkdir()
+    os.chown(home, user.pw_uid, user.pw_gid)
+    secret = Secret.create(root / "etc-relaunch")
+    client = await Client.connect(
+        stack.temporal_address, namespace="default", data_converter=pydantic_data_converter
+    )
+    audit = await AuditStore.open(stack.database_url)
+    h = Harness(stack, root, client, audit, getattr(request.module, "POLICY", DEFAULT_POLICY))
+    tokens_file = root / "tokens.json"
+    token = write_tokens(tokens_file, [("vera", Role.VIEWER)])["vera"]
+    updates: dict[str, object] = {"console": ConsoleSettings(tokens_file=str(tokens_file))}
+    ssh_user = getattr(request.module, "SSH_USER", None)
+    if ssh_user:
+        server: Sshd = request.getfixturevalue("sshd")
+        ensure_user(ssh_user)
+        # A new account's password is locked ("!"), and sshd without PAM refuses a locked
+        # account even for a key; "*" still allows no password.
+        subprocess.run(["usermod", "-p", "*", ssh_user], check=True, timeout=60)
+        # The SSH account runs squeue/sbatch itself: it must reach slurm.conf and munge's
+        # socket under the session's stack directory (created 0700).
+        stack.state_dir.parent.chmod(0o711)
+        updates["ssh"] = server.settings(user=ssh_user)
+    h.configure(**updates)
+    h.start("worker")
+    h.start("watch")
+    app = create_app(h.config, Services(scheduler=h.sched), secret="adversarial-tier-" * 3)
+    try:
+        with TestClient(app, follow_redirects=False) as console:
+            yield Tier(h, user, home, secret, console, token)
+    finally:
+        services = list(h.procs.values())
+        try:
+            await h.stop()
+        except subprocess.TimeoutExpired:  # a service stuck on an attack: do not leave it
+            for proc in services:
+                proc.kill()
+            h.procs.clear()
+            await h.stop()
+        await h.restore_nodes()
+        await audit.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def arena(tier: Tier) -> AsyncIterator[Tier]:
+    """The module's tier for one test, on a cluster whose nodes are all idle and in service
+    (a job submitted while a node still registers can be refused for good: BadConstraints);
+    afterwards the test's jobs are cancelled, blocked FIFO writers released, and every node
+    back in service."""
+    await tier.h.restore_nodes()
+    try:
+        yield tier
+    finally:
+        if tier.h.jobs:
+            subprocess.run(["scancel", *tier.h.jobs], env=tier.env, timeout=30, check=False)
+        tier.release_fifos()
+        tier.h.jobs.clear()
+        await tier.h.restore_nodes()
+        tier.release_fifos()
