@@ -80,14 +80,7 @@ async def recovery_for(
     has it; then the id with this job's submit time as a suffix."""
     documented = det.workflow_id
     desc = await _describe(client, documented)
-    if (
-        desc is None
-        or det.submitted_at is None
-        # Job ids come round after millions of jobs, never while a recovery still runs: a
-        # running recovery is joined whatever the detection's submit time says.
-        or desc.status is WorkflowExecutionStatus.RUNNING
-        or await _same_job(desc, det.submitted_at)
-    ):
+    if desc is None or det.submitted_at is None or await _same_job(desc, det.submitted_at):
         return documented, desc
     suffixed = recovery_workflow_id(det.cluster, det.job_id, det.attempt, det.submitted_at)
     return suffixed, await _describe(client, suffixed)

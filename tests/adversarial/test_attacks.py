@@ -181,6 +181,10 @@ async def test_a_52_byte_hostlist_neither_kills_the_watcher_nor_names_a_node(are
     t.alive()
     assert t.h.procs["watch"].pid == watcher_pid
     rows = await t.h.audit.incidents(cluster=t.h.config.name, job_id=job_id)
+    # One recovery per interrupted attempt: a requeue's new submit time never passes for a
+    # later job given the same id (which would start a second, suffixed recovery).
+    attempts = [row.attempt for row in rows]
+    assert len(attempts) == len(set(attempts)), [row.id for row in rows]
     for row in rows:  # a recovery it started must name no node
         status = await t.settled(row.id)
         t.say("4", status)
