@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import psycopg
+import pytest
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
@@ -57,6 +61,17 @@ def test_up_twice_changes_nothing(stack: Stack) -> None:
     assert {p.name: p.pid for p in status.parts} == before
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory with a short path: slurmstepd's sockets live under the stack's spool
+    directory, and a pytest-xdist tmp_path (``…/popen-gw1/test_cli_up_status_down_leave0/…``)
+    pushes them past the 108-byte limit of a Unix socket path (the launch fails)."""
+    path = Path(tempfile.mkdtemp(prefix="rl-up-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _stack_pids(state_dir: Path, conf: Path) -> list[str]:
     """Independent of the code under test: every process naming the state dir or its conf."""
     found = []
@@ -71,7 +86,8 @@ def _stack_pids(state_dir: Path, conf: Path) -> list[str]:
     return found
 
 
-def test_cli_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
+def test_cli_up_status_down_leaves_nothing_behind(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     state = tmp_path / "state"
     # Fix the ports through stack.json, as a first `up` would have.
     state.mkdir()
