@@ -17,7 +17,7 @@ from temporalio import activity
 
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
 from relaunch.connectors.joboutput import FileAccess, tail_file
-from relaunch.detection.planning import blast_radius
+from relaunch.detection.planning import blast_radius, held_out, partition_size
 from relaunch.models.errors import (
     InvalidStateError,
     JobNotFoundError,
@@ -31,18 +31,12 @@ from relaunch.models.recovery import (
     RestartMethod,
     StepOutcome,
     VerifyInput,
+    drain_reason,
 )
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node
 
 _RESUMED = re.compile(r"resumed from checkpoint step=(\d+)")
 _STEP = re.compile(r"\bstep=(\d+)\b")
-
-
-DRAIN_REASON_PREFIX = "relaunch incident "
-
-
-def drain_reason(incident_id: str) -> str:
-    return f"{DRAIN_REASON_PREFIX}{incident_id}"
 
 
 class DrainCheck(BaseModel):
@@ -66,18 +60,10 @@ def drain_check(
     audit trail, or Slurm's own drain reason where a crash lost the audit row) that are still
     drained or down, and the nodes of ``to_drain`` not drained yet. A node already out of
     service is not new, so a drained node that fails again is counted once."""
-    down = {n.name for n in nodes if n.drain_flag or not n.responding}
-    by_reason = {
-        n.name
-        for n in nodes
-        if n.drain_flag
-        and n.reason.startswith(DRAIN_REASON_PREFIX)
-        and (n.reason_time is None or n.reason_time >= since)
-    }
-    out = (set(drained_by_relaunch) | by_reason) & down
+    out = held_out(nodes, drained_by_relaunch, since)
     flagged = {n.name for n in nodes if n.drain_flag}
     new = [n for n in dict.fromkeys(to_drain) if n not in flagged and n not in out]
-    size = sum(1 for n in nodes if partition in n.partitions) or len(nodes)
+    size = partition_size(nodes, partition)
     return DrainCheck(
         decision=blast_radius(policy, size, out, new), out_of_service=sorted(out), new=new
     )

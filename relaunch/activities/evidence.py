@@ -21,7 +21,7 @@ from relaunch.connectors.joboutput import FileEvidence, read_file_evidence, read
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import line_timestamp
-from relaunch.detection.planning import PlanHistory, make_plan
+from relaunch.detection.planning import PlanHistory, held_out, make_plan, partition_size
 from relaunch.models.bundle import BundleJob
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import JobNotFoundError
@@ -319,8 +319,7 @@ class EvidenceActivities:
         """The plan and the history it was made from (called under the drain lock)."""
         policy, job = inp.policy, inp.evidence.job
         nodes = await self.deps.scheduler.list_nodes()
-        partition_size = sum(1 for n in nodes if job.partition in n.partitions) or len(nodes)
-        out_of_service = {n.name for n in nodes if n.drain_flag or not n.responding}
+        drain_since = now - timedelta(hours=policy.drain_window_hours)
         # Restarts Slurm knows of (this job's requeues, one per resubmission in its lineage) that
         # the audit trail holds no row for at all (a row lost with the database, a requeue by
         # Slurm itself) count as recent ones: the budget errs on the side of holding the job.
@@ -331,16 +330,15 @@ class EvidenceActivities:
             + await self.deps.audit.count_restarts(
                 inp.cluster, lineage, now - timedelta(hours=policy.budget_window_hours)
             ),
-            # Capacity Relaunch has taken and not yet given back: drained by it in the window
-            # and still out of service (an operator's resume returns the node to the pool).
-            drained_in_window=[
-                n
-                for n in await self.deps.audit.drained_nodes(
-                    inp.cluster, now - timedelta(hours=policy.drain_window_hours)
+            # Capacity Relaunch has taken and not yet given back, counted as `isolate` counts it.
+            drained_in_window=sorted(
+                held_out(
+                    nodes,
+                    await self.deps.audit.drained_nodes(inp.cluster, drain_since),
+                    drain_since,
                 )
-                if n in out_of_service
-            ],
-            partition_size=partition_size,
+            ),
+            partition_size=partition_size(nodes, job.partition),
             previous_unknown=await self._previous_unknown(inp.cluster, inp.incident_id, lineage),
             already_drained=[n.name for n in nodes if n.name in job.nodes and n.drain_flag],
             suspected_by=await self._suspected_by(

@@ -25,12 +25,11 @@ from relaunch.console.web import (
     require_post,
 )
 from relaunch.models.errors import InvalidNameError, NodeNotFoundError, RelaunchError
-from relaunch.models.recovery import AuditRecord
+from relaunch.models.recovery import DRAIN_REASON_PREFIX, AuditRecord
 from relaunch.models.scheduler import Node
 
 SCHEDULER_TIMEOUT_S = 5.0
 REPUTATION_TTL_S = 15.0  # incidents per node over days: fresh enough, and not re-read per view
-DRAIN_REASON_PREFIX = "relaunch incident "  # what the isolate activity writes as the reason
 
 
 class NodeView(BaseModel):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
 
 from pydantic import BaseModel, Field
 
 from relaunch.models.recovery import (
+    DRAIN_REASON_PREFIX,
     RESTARTING,
     Action,
     ActionPlan,
@@ -21,6 +23,7 @@ from relaunch.models.recovery import (
     Policy,
     Verdict,
 )
+from relaunch.models.scheduler import Node
 
 DEFAULT_ACTIONS: dict[Category, Action] = {
     Category.GPU_HARDWARE: Action.ISOLATE_AND_RESTART,
@@ -79,6 +82,28 @@ def drain_limit(policy: Policy, partition_size: int) -> int:
     """How many nodes Relaunch may drain in one window: a share of the partition (rounded up,
     so a small partition can still lose one node) and never more than the hard cap."""
     return min(policy.drain_cap, math.ceil(policy.drain_share * max(partition_size, 0)))
+
+
+def held_out(
+    nodes: Sequence[Node], drained_by_relaunch: Collection[str], since: datetime
+) -> set[str]:
+    """The nodes Relaunch took out of service in the window and that are still out (drained or
+    down in a fresh read): drained according to its audit trail, or carrying its drain reason
+    where a crash lost the audit row. An operator's resume gives the node back."""
+    down = {n.name for n in nodes if n.drain_flag or not n.responding}
+    by_reason = {
+        n.name
+        for n in nodes
+        if n.drain_flag
+        and n.reason.startswith(DRAIN_REASON_PREFIX)
+        and (n.reason_time is None or n.reason_time >= since)
+    }
+    return (set(drained_by_relaunch) | by_reason) & down
+
+
+def partition_size(nodes: Sequence[Node], partition: str) -> int:
+    """The nodes of ``partition`` (the whole cluster when none is in it or it is unknown)."""
+    return sum(1 for n in nodes if partition in n.partitions) or len(nodes)
 
 
 def blast_radius(

@@ -141,6 +141,14 @@ def parse_recovery_id(incident: str) -> tuple[str, str, int] | None:
     return (m["cluster"], m["job"], int(m["attempt"])) if m else None
 
 
+# The reason Relaunch writes on a node it drains: how Slurm itself says which drains are ours.
+DRAIN_REASON_PREFIX = "relaunch incident "
+
+
+def drain_reason(incident_id: str) -> str:
+    return f"{DRAIN_REASON_PREFIX}{incident_id}"
+
+
 def task_queue(cluster: str) -> str:
     return f"relaunch-{cluster}"
 

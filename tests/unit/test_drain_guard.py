@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from relaunch.activities.actions import drain_check, drain_reason
-from relaunch.models.recovery import Policy
+from relaunch.activities.actions import drain_check
+from relaunch.models.recovery import Policy, drain_reason
 from relaunch.models.scheduler import Node, NodeFlag, NodeState
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
