@@ -6,7 +6,6 @@ approval that arrives late, or a retry after a worker crash, never repeats what 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,6 +17,7 @@ from temporalio import activity
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
 from relaunch.connectors.joboutput import FileAccess, tail_file
 from relaunch.detection.planning import blast_radius, held_out, partition_size
+from relaunch.detection.progress import ResumeProgress, resumed_progress
 from relaunch.models.errors import (
     InvalidStateError,
     JobNotFoundError,
@@ -34,9 +34,6 @@ from relaunch.models.recovery import (
     drain_reason,
 )
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node
-
-_RESUMED = re.compile(r"resumed from checkpoint step=(\d+)")
-_STEP = re.compile(r"\bstep=(\d+)\b")
 
 
 class DrainCheck(BaseModel):
@@ -319,16 +316,18 @@ class ActionActivities:
         self, log: Path, checkpoint: int, deadline: float, access: FileAccess
     ) -> str:
         """Wait for the restarted attempt's resume line and a step beyond it in the job log
-        (read only as the job's user may: see relaunch.connectors.joboutput)."""
+        (read only as the job's user may: see relaunch.connectors.joboutput), in any
+        framework's words (relaunch.detection.progress)."""
+        pattern = self.deps.config.watch.progress_pattern
         while True:
-            found = await asyncio.to_thread(_resumed_progress, log, access)
+            found = await asyncio.to_thread(_resumed_progress, log, access, pattern)
             # An earlier attempt's resume line names an older checkpoint than the one saved
             # before this fault; only a resume from at least that step is this restart's.
-            if found is not None and found[0] >= checkpoint:
-                resumed, step = found
+            if found is not None and found.step >= checkpoint:
                 return (
-                    f"resumed from checkpoint step={resumed} "
-                    f"(last saved before the fault: {checkpoint}), now at step {step}"
+                    f"resumed from checkpoint step {found.step} "
+                    f"(last saved before the fault: {checkpoint}), now at step {found.latest} "
+                    f"({found.framework})"
                 )
             if time.monotonic() > deadline:
                 raise VerificationError("the restarted job shows no training progress")
@@ -337,17 +336,7 @@ class ActionActivities:
 
 
 def _resumed_progress(
-    log: Path, access: FileAccess, window: int = 256 * 1024
-) -> tuple[int, int] | None:
-    """(resumed step, latest step after it) from the end of the log, or None."""
-    text = tail_file(str(log), access, window).text
-    at = text.rfind("resumed from checkpoint")
-    if at < 0:
-        return None
-    tail = text[at:]
-    named = _RESUMED.findall(tail)
-    if not named:  # the job printed the words without a step: not a resume line
-        return None
-    resumed = int(named[0])
-    steps = [int(s) for s in _STEP.findall(tail) if int(s) > resumed]
-    return (resumed, max(steps)) if steps else None
+    log: Path, access: FileAccess, pattern: str | None = None, window: int = 256 * 1024
+) -> ResumeProgress | None:
+    """The last resume in the end of the log and the latest step past it, or None."""
+    return resumed_progress(tail_file(str(log), access, window).text, pattern)

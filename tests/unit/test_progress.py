@@ -140,3 +140,68 @@ def test_a_hostile_line_costs_progress_tracking_milliseconds() -> None:
         tracker.observe(line, now=1.0)
     assert time.process_time() - started < 0.5
     assert tracker.resumed_step is None and tracker.max_step is None
+
+
+def test_a_pause_the_job_came_back_from_is_not_a_hang_next_time() -> None:
+    tracker = ProgressTracker(k=10)
+    last = feed(tracker, [0, 1], range(1, 50), start=0.0, every=1.0)
+    assert tracker.longest_gap == 1.0 and tracker.stall_limit(20.0) == 20.0
+    # A 30 s evaluation every 50 steps: the first one is past the 20 s floor...
+    assert tracker.stalled(last + 21.0, 20.0)
+    last = feed(tracker, [0, 1], range(50, 100), start=last + 30.0, every=1.0)
+    # ... the next one is expected: up to 1.5 x the longest pause seen.
+    assert tracker.longest_gap == 30.0
+    assert tracker.stall_limit(20.0) == 45.0
+    assert not tracker.stalled(last + 40.0, 20.0)
+    assert tracker.stalled(last + 46.0, 20.0)
+
+
+def test_a_synchronous_checkpoint_save_pauses_every_rank_and_none_lags() -> None:
+    tracker = ProgressTracker(k=10)
+    last = feed(tracker, [0, 1, 2], range(1, 101), start=0.0, every=1.0)
+    # Every rank waits 200 s for rank 0's save: a whole-job pause, never a laggard.
+    assert tracker.lagging_ranks(last + 150.0, 120.0) == []
+    assert tracker.stalled(last + 150.0, 120.0)  # the first such pause is not known yet
+    # Rank 0 prints first when the save is done; the others are a moment behind.
+    back = last + 200.0
+    assert tracker.observe("0: step=101 loss=0.5 rank=0 node=n1", back)
+    assert tracker.lagging_ranks(back + 0.1, 120.0) == []
+    feed(tracker, [1, 2], range(101, 102), start=back + 0.2, every=1.0)
+    last = feed(tracker, [0, 1, 2], range(102, 150), start=back + 1.0, every=1.0)
+    assert tracker.longest_gap == 200.0
+    # The next save is expected (1.5 x 200 s); a rank stopping alone is not a pause.
+    assert tracker.stall_limit(120.0) == 300.0 and tracker.lag_limit(120.0) == 120.0
+    assert not tracker.stalled(last + 250.0, 120.0)
+    now = feed(tracker, [0, 2], range(150, 300), start=last + 1.0, every=1.0)
+    assert tracker.lagging_ranks(now, 120.0) == [1]
+    assert not tracker.stalled(now, 120.0)
+
+
+def test_a_lagging_rank_waits_the_floor_or_k_slow_steps() -> None:
+    tracker = ProgressTracker(k=10)
+    last = feed(tracker, [0, 1], range(1, 6), start=0.0, every=60.0)
+    assert tracker.lag_limit(120.0) == 600.0
+    now = feed(tracker, [0], range(6, 20), start=last + 60.0, every=60.0)
+    stopped = tracker.ranks[1].advanced_at
+    assert now - stopped > 600.0 and tracker.lagging_ranks(now, 120.0) == [1]
+    assert tracker.lagging_ranks(stopped + 540.0, 120.0) == []
+    # Fast steps: the floor.
+    fast = ProgressTracker(k=10)
+    last = feed(fast, [0, 1], range(1, 11), start=0.0, every=1.0)
+    assert fast.lag_limit(120.0) == 120.0
+    now = feed(fast, [0], range(11, 130), start=last + 1.0, every=1.0)
+    assert fast.lagging_ranks(now, 120.0) == []  # 119 s behind
+    now = feed(fast, [0], range(130, 135), start=now + 1.0, every=1.0)
+    assert fast.lagging_ranks(now, 120.0) == [1]
+
+
+def test_a_resume_forgets_the_pace_and_the_pauses() -> None:
+    tracker = ProgressTracker(k=10)
+    last = feed(tracker, [0, 1], range(1, 10), start=0.0, every=30.0)
+    last = feed(tracker, [0, 1], range(10, 20), start=last + 500.0, every=30.0)
+    assert tracker.stall_limit(120.0) == 750.0 and tracker.lag_limit(120.0) == 300.0
+    tracker.observe("0: resumed from checkpoint step=19", last + 10.0)
+    assert tracker.median_interval() is None and tracker.longest_gap == 0.0
+    assert tracker.stall_limit(120.0) == 120.0 and tracker.lag_limit(120.0) == 120.0
+    last = feed(tracker, [0, 1], range(20, 30), start=last + 20.0, every=1.0)
+    assert tracker.stalled(last + 121.0, 120.0)
