@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import wraps
 from typing import ParamSpec, TypeVar
@@ -16,6 +16,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from relaunch.connectors.audit import AuditStore
+from relaunch.connectors.liveness import Prober
 from relaunch.connectors.logstores import LogStore
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.models.config import ClusterConfig
@@ -34,6 +35,18 @@ class Deps:
     scheduler: SlurmCli
     audit: AuditStore
     log_store: LogStore | None = None  # None: job and kernel logs are read from files
+    _prober: Prober | None = field(default=None, init=False, repr=False)
+
+    def prober(self) -> Prober:
+        """The node liveness prober (made on first use: a raw socket, or the SSH host's)."""
+        if self._prober is None:
+            self._prober = self.scheduler.prober(self.config.watch.probe_method)
+        return self._prober
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            await self._prober.close()
+            self._prober = None
 
     async def audit_row(
         self,

@@ -6,7 +6,7 @@ changes need no workflow versioning."""
 from __future__ import annotations
 
 import asyncio
-import re
+import contextlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,10 +18,12 @@ from relaunch.activities.remote_logs import fetch_evidence_logs
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.joboutput import FileEvidence, read_file_evidence, read_telemetry
+from relaunch.connectors.liveness import ProbeTarget
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.planning import PlanHistory, held_out, make_plan, partition_size
+from relaunch.detection.progress import last_checkpoint
 from relaunch.models.bundle import BundleJob
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import JobNotFoundError
@@ -36,12 +38,15 @@ from relaunch.models.recovery import (
     PlanInput,
     Verdict,
 )
-from relaunch.models.scheduler import Job
+from relaunch.models.scheduler import Job, Node
 
 LOG_TAIL_BYTES = 4 * 1024 * 1024
 NODE_LOG_TAIL_BYTES = 1024 * 1024
+# The evidence step's own probe of the job's nodes (see _unreachable).
+PROBE_TRIES = 2
+PROBE_PAUSE_S = 0.5
+PROBE_TIMEOUT_S = 1.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_CHECKPOINT = re.compile(r"checkpoint saved step=(\d+)")
 
 
 class RecordDetectionInput(BaseModel):
@@ -165,8 +170,7 @@ class EvidenceActivities:
         job, nodes = await asyncio.gather(sched.get_job(inp.job_id), sched.list_nodes())
         by_name = {n.name: n for n in nodes}
         allocated = [by_name[n] for n in job.nodes if n in by_name]
-        alive = await asyncio.gather(*(sched.probe_node(n) for n in allocated))
-        unreachable = [n.name for n, ok in zip(allocated, alive, strict=True) if not ok]
+        unreachable = await self._unreachable(allocated)
         # With JobFileAppend a requeued job's log holds every attempt; an earlier attempt's
         # lines were that attempt's evidence, not this one's.
         start = await self._attempt_log_start(inp, job.stdout_path)
@@ -178,7 +182,10 @@ class EvidenceActivities:
             files = await _file_evidence(job, start, self.deps.config)
             job_log, node_logs, log_size = files.job_log, files.node_logs, files.log_size
             refused = files.refused_paths
-        checkpoints = _CHECKPOINT.findall(job_log)
+        # Megabytes of log, line by line: not on the event loop.
+        checkpoint = await asyncio.to_thread(
+            last_checkpoint, job_log, self.deps.config.watch.progress_pattern
+        )
         events = await self.deps.audit.events(inp.incident_id)
         bundle_job = BundleJob(
             cluster=inp.cluster,
@@ -215,7 +222,7 @@ class EvidenceActivities:
                 nodes=job.nodes,
                 restart_count=job.restart_count,
                 stdout_path=job.stdout_path,
-                last_checkpoint_step=int(checkpoints[-1]) if checkpoints else None,
+                last_checkpoint_step=checkpoint,
                 max_restarts=_int_or_none(job.comment_fields.get("max_restarts")),
             ),
             node_states=bundle_job.node_states,
@@ -368,6 +375,25 @@ class EvidenceActivities:
             for node in named:
                 out[node] = sorted({*out.get(node, []), user})
         return out
+
+    async def _unreachable(self, nodes: list[Node]) -> list[str]:
+        """The nodes whose slurmd answers none of ``PROBE_TRIES`` probes ``PROBE_PAUSE_S``
+        apart: the recovery's own fresh read of what the watcher's probe saw (one lost packet
+        convicts nobody). A node Slurm lists without an address and port is not probed."""
+        targets = []
+        for node in nodes:
+            if node.address and node.port:
+                with contextlib.suppress(ValueError):  # an address no probe may be sent to
+                    targets.append(ProbeTarget(node.name, node.address, node.port))
+        for attempt in range(PROBE_TRIES):
+            if not targets:
+                break
+            if attempt:
+                await asyncio.sleep(PROBE_PAUSE_S)
+            results = await self.deps.prober().probe(targets, PROBE_TIMEOUT_S)
+            answered = {r.node for r in results if r.ok}
+            targets = [t for t in targets if t.node not in answered]
+        return [t.node for t in targets]
 
     async def _attempt_log_start(self, inp: GatherInput, log_path: str) -> int:
         """Where this attempt's output starts in the job log: after what the evidence of the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -13,6 +14,31 @@ from relaunch.models.notify import NotifySettings
 from relaunch.models.recovery import Policy
 
 
+class ProbeMethod(StrEnum):
+    """How the watcher asks a node's slurmd whether the node is alive."""
+
+    AUTO = "auto"  # from the `ssh` host when set; else syn when permitted, else connect
+    SYN = "syn"  # a raw-socket SYN: a half-open handshake, nothing reaches slurmd
+    CONNECT = "connect"  # a plain TCP connect, closed at once
+
+
+# Why the hang floor is 45 s: a silently hung job must be seen within 60 s (the floor plus a
+# poll), while the pauses a healthy job makes without printing progress must not alarm: a 30 s
+# evaluation pass and a 20 s checkpoint save leave a margin of 15 s. A job that pauses longer
+# says so with `--comment relaunch=on,hang_after=10m`; once it has paused, 1.5 x its longest
+# pause is its floor anyway.
+HANG_FLOOR_WHY = (
+    "a whole-job stall is reported after max(this, stall_k x the median step interval, 1.5 x "
+    "the longest pause already seen); 45 s sees a silent hang within 60 s while a 30 s "
+    "evaluation pause or a 20 s checkpoint save does not alarm; a job's comment "
+    "`hang_after=<seconds, or 10m, 2h>` replaces it for that job"
+)
+LAG_FLOOR_WHY = (
+    "a rank that stops while its peers go on is reported after max(this, stall_k x the "
+    "job's median step interval); a job's comment `lag_after=<duration>` replaces it"
+)
+
+
 class WatchSettings(BaseModel):
     partitions: list[str] = Field(default_factory=list, description="watch every job here")
     opt_in_comment: bool = True
@@ -20,8 +46,35 @@ class WatchSettings(BaseModel):
     log_interval_s: float = Field(
         default=0.25, gt=0, le=2.0, description="how often watched logs are read between polls"
     )
-    hang_threshold_s: float = 120.0
+    hang_threshold_s: float = Field(default=45.0, ge=5, le=7 * 86400, description=HANG_FLOOR_WHY)
+    lag_floor_s: float = Field(default=5.0, ge=1, le=7 * 86400, description=LAG_FLOOR_WHY)
     progress_pattern: str | None = None
+    probe_interval_s: float = Field(
+        default=1.0, ge=0.1, le=60, description="between liveness probes of a running job's nodes"
+    )
+    probe_timeout_s: float = Field(
+        default=1.0, gt=0, le=30, description="a probe unanswered this long counts as failed"
+    )
+    probe_failures: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="consecutive failed probes that make a node unreachable (one lost packet "
+        "is not a dead node); detection takes about failures x interval",
+    )
+    probe_method: ProbeMethod = Field(
+        default=ProbeMethod.AUTO, description="auto, syn or connect (see ProbeMethod)"
+    )
+    probe_enabled: bool = Field(
+        default=True, description="probe the slurmd of every node a watched job runs on"
+    )
+    heartbeat_timeout_s: float = Field(
+        default=15.0,
+        ge=1,
+        le=3600,
+        description="a node whose agent (`relaunch agent --heartbeat`, 5 s by default) sent a "
+        "heartbeat and then none for this long is reported; three missed beats",
+    )
 
 
 class JobOutputSettings(BaseModel):

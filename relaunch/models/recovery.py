@@ -75,6 +75,7 @@ class DetectionSource(StrEnum):
     NODE_LOG = "node_log"
     PROGRESS = "progress"
     TELEMETRY = "telemetry"
+    PROBE = "probe"  # the watcher's liveness probe of a node's slurmd (trusted: outside the job)
 
 
 class Detection(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
@@ -219,6 +220,29 @@ class Job(BaseModel):
             if key and sep:
                 fields[key] = value
         return fields
+
+
+# Per-job limits a job's comment may set (seconds, or with a unit: 90s, 10m, 2h); each only
+# ever affects the job whose comment says it.
+HANG_AFTER_KEY = "hang_after"
+LAG_AFTER_KEY = "lag_after"
+MIN_AFTER_S = 5.0
+MAX_AFTER_S = 7 * 86400.0
+_DURATION = re.compile(r"(\d{1,9}(?:\.\d{1,3})?)([smh]?)")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def comment_duration(value: str) -> float:
+    """A comment field's duration in seconds: ``300``, ``300s``, ``10m`` or ``2h``, within
+    ``MIN_AFTER_S`` to ``MAX_AFTER_S``. ValueError (saying why) for anything else."""
+    text = value.strip().lower()
+    found = _DURATION.fullmatch(text)
+    if not found:
+        raise ValueError(f"{value[:40]!r} is not a duration (e.g. 300, 90s, 10m, 2h)")
+    seconds = float(found.group(1)) * _UNIT_S[found.group(2)]
+    if not MIN_AFTER_S <= seconds <= MAX_AFTER_S:
+        raise ValueError(f"{value[:40]!r} is outside {MIN_AFTER_S:g} s to 7 days")
+    return seconds
 
 
 OPT_IN_KEY = "relaunch"

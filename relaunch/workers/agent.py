@@ -56,6 +56,17 @@ TOKEN_ENV = "RELAUNCH_AGENT_TOKEN"
     default=None,
     help="Also tail the kernel log: a file PATH, or `journal` for journalctl -k.",
 )
+@click.option(
+    "--heartbeat",
+    type=float,
+    default=5.0,
+    show_default=True,
+    callback=lambda _ctx, _param, value: _heartbeat(value),
+    help="Seconds between heartbeats, 0 for none. With --output, each beat replaces the small "
+    "file `heartbeat` beside it (never a telemetry line), and the watcher reports a node whose "
+    "agent falls silent (watch.heartbeat_timeout_s); stdout and --post receivers get no "
+    "heartbeats. A clean stop removes the file.",
+)
 @click.option("--once", is_flag=True, help="Read every GPU once, print JSON lines, exit.")
 @click.option(
     "--call-timeout",
@@ -70,6 +81,7 @@ def agent(
     output: Path | None,
     post_url: str | None,
     kernel_log: str | None,
+    heartbeat: float,
     once: bool,
     call_timeout: float,
 ) -> None:
@@ -77,8 +89,9 @@ def agent(
 
     Reads every GPU through NVML (Xid events, uncorrected ECC errors, remapped rows, retired
     pages, NVLink errors, thermal and power slowdowns) and, with --kernel-log, the kernel's
-    Xid, SXid and NIC lines. Sends the first full sample at start, then only what changed.
-    Without --output or --post, samples go to stdout. Stop it with Ctrl-C or SIGTERM.
+    Xid, SXid and NIC lines. Sends the first full sample at start, then only what changed,
+    and, with --output, a heartbeat beside that file every --heartbeat seconds. Without
+    --output or --post, samples go to stdout. Stop it with Ctrl-C or SIGTERM.
     """
     name = node or socket.gethostname().split(".")[0]
     try:
@@ -103,7 +116,14 @@ def agent(
     elif kernel_log is not None:
         kernel = KernelLogFile(kernel_log, name)
     collector = NvmlCollector(name, call_timeout=call_timeout)
-    runner = Agent(node=name, collector=collector, sinks=sinks, interval=interval, kernel=kernel)
+    runner = Agent(
+        node=name,
+        collector=collector,
+        sinks=sinks,
+        interval=interval,
+        kernel=kernel,
+        heartbeat=heartbeat,
+    )
     try:
         asyncio.run(_main(runner, once))
     except NvmlUnavailableError as exc:
@@ -114,6 +134,13 @@ def agent(
         )
         click.echo(f"relaunch agent: {exc.message}; {hint}", err=True)
         sys.exit(EX_UNAVAILABLE)
+
+
+def _heartbeat(value: float) -> float:
+    """0 (no heartbeat) or 0.5 to 3600 seconds."""
+    if value != 0 and not 0.5 <= value <= 3600:
+        raise click.BadParameter("must be 0 (off) or between 0.5 and 3600 seconds")
+    return value
 
 
 async def _main(runner: Agent, once: bool) -> None:

@@ -2,7 +2,14 @@
 
 It sends the first full sample of every GPU at start, then only news (see ``ChangeFilter``):
 Xid events as they arrive, counters that went up, new throttle reasons or errors, and every
-kernel line the signature catalogue knows.
+kernel line the signature catalogue knows. Each sink has its own queue and writer, so a slow
+HTTP receiver (retries, backoff) never holds up the file the watcher reads.
+
+With ``heartbeat``, every that many seconds each file sink replaces the small file ``heartbeat``
+beside its telemetry file (:func:`relaunch.workers.watch_liveness.write_heartbeat`): the watcher
+reports a node whose agent falls silent. Beats never go into the telemetry stream, so the file
+the watcher reads from its start when it meets a node does not grow with them; stdout and HTTP
+receivers get none. A clean stop removes the file (a stopped agent is not a dead node).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from relaunch.connectors.telemetry.nvml import NvmlCollector
 from relaunch.connectors.telemetry.samples import ChangeFilter, pci_key
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.bundle import TelemetrySample, TelemetrySource
+from relaunch.workers.watch_liveness import heartbeat_path, remove_heartbeat, write_heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +52,22 @@ class Sink(Protocol):
 
 
 class FileSink:
-    """Appends JSON lines to a file (the watcher tails it)."""
+    """Appends JSON lines to a file (the watcher tails it); heartbeats go beside it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.heartbeat_path = heartbeat_path(path)
 
     async def send(self, samples: list[TelemetrySample]) -> None:
         await asyncio.to_thread(append_samples, self.path, samples)
+
+    async def beat(self, node: str, at: datetime) -> None:
+        """Replace the heartbeat file (never appended: it stays one small object)."""
+        await asyncio.to_thread(write_heartbeat, self.heartbeat_path, node, at)
+
+    async def stop_beating(self) -> None:
+        """Remove this agent's heartbeat file: it stopped, the node did not die."""
+        await asyncio.to_thread(remove_heartbeat, self.heartbeat_path)
 
 
 class StdoutSink:
@@ -185,6 +202,7 @@ class Agent:
         interval: float,
         kernel: KernelLogFile | JournalReader | None = None,
         catalogue: Catalogue | None = None,
+        heartbeat: float = 0.0,
     ) -> None:
         self.node = node
         self.collector = collector
@@ -192,8 +210,14 @@ class Agent:
         self.interval = interval
         self.kernel = kernel
         self.catalogue = catalogue or Catalogue.load()
+        self.heartbeat = heartbeat  # seconds between heartbeats; 0: none
+        # Only files get heartbeats (see the module docstring).
+        self._beating = [sink for sink in self.sinks if isinstance(sink, FileSink)]
+        self._beat_write: asyncio.Future[None] | None = None
         self.changes = ChangeFilter()
-        self._queue: asyncio.Queue[list[TelemetrySample] | None] = asyncio.Queue()
+        self._queues: list[asyncio.Queue[list[TelemetrySample] | None]] = [
+            asyncio.Queue() for _ in self.sinks
+        ]
         self._kernel_lines = 0
 
     async def once(self) -> list[TelemetrySample]:
@@ -206,14 +230,19 @@ class Agent:
         """Sample until ``stop`` is set, then flush what is queued and return."""
         first = await self.collector.read()
         self.changes.news(first)
-        self._queue.put_nowait(first)
-        writer = asyncio.create_task(self._writer(), name="agent-writer")
+        self._emit(first)
+        writers = [
+            asyncio.create_task(self._writer(sink, queue), name=f"agent-writer-{i}")
+            for i, (sink, queue) in enumerate(zip(self.sinks, self._queues, strict=True))
+        ]
         producers = [
             asyncio.create_task(self._poll(), name="agent-poll"),
             asyncio.create_task(self._xids(), name="agent-xid"),
         ]
         if self.kernel is not None:
             producers.append(asyncio.create_task(self._kernel(), name="agent-kernel"))
+        if self.heartbeat > 0 and self._beating:
+            producers.append(asyncio.create_task(self._heartbeats(), name="agent-heartbeat"))
         stopping = asyncio.create_task(stop.wait())
         try:
             done, _ = await asyncio.wait(
@@ -226,16 +255,54 @@ class Agent:
             for task in [stopping, *producers]:
                 task.cancel()
             await asyncio.gather(stopping, *producers, return_exceptions=True)
-            self._queue.put_nowait(None)
+            self._emit(None)
             with contextlib.suppress(asyncio.CancelledError):
-                await writer
+                await asyncio.gather(*writers)
+            if self._beat_write is not None:
+                # A write already in its thread would otherwise land after the removal (a
+                # write hung on a dead filesystem is not waited for long).
+                await asyncio.wait({self._beat_write}, timeout=5)
+            if self.heartbeat > 0:
+                for sink in self._beating:
+                    with contextlib.suppress(OSError):
+                        await sink.stop_beating()
+
+    def _emit(self, samples: list[TelemetrySample] | None) -> None:
+        """Queue ``samples`` for every sink (None: the last batch, then the writers end)."""
+        for queue in self._queues:
+            queue.put_nowait(samples)
+
+    async def _heartbeats(self) -> None:
+        """A heartbeat every ``heartbeat`` seconds to each file sink, whatever NVML does (a
+        hung GPU read is reported on its own; the node is still alive) and whatever the
+        other sinks' writers are waiting for. A failed write is said when it starts failing
+        and when it works again, not at every beat."""
+        failing: set[int] = set()
+        while True:
+            for index, sink in enumerate(self._beating):
+                self._beat_write = asyncio.ensure_future(sink.beat(self.node, datetime.now(UTC)))
+                try:
+                    await asyncio.shield(self._beat_write)
+                except OSError as exc:
+                    if index not in failing:
+                        log.error(
+                            "heartbeat write failed",
+                            extra={"path": str(sink.heartbeat_path), "error": str(exc)},
+                        )
+                    failing.add(index)
+                else:
+                    if index in failing:
+                        where = {"path": str(sink.heartbeat_path)}
+                        log.info("heartbeat written again", extra=where)
+                    failing.discard(index)
+            await asyncio.sleep(self.heartbeat)
 
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
             news = self.changes.news(await self.collector.read())
             if news:
-                self._queue.put_nowait(news)
+                self._emit(news)
 
     async def _xids(self) -> None:
         while True:
@@ -249,12 +316,12 @@ class Agent:
                     errors=[exc.message],
                 )
                 if self.changes.is_news(hung):
-                    self._queue.put_nowait([hung])
+                    self._emit([hung])
                 log.warning("NVML event wait hung", extra={"error": exc.message})
                 await asyncio.sleep(self.interval)
                 continue
             if events:
-                self._queue.put_nowait(events)
+                self._emit(events)
 
     async def _kernel(self) -> None:
         kernel = self.kernel
@@ -282,30 +349,35 @@ class Agent:
         )
         self._kernel_lines += len(lines)
         if samples:
-            self._queue.put_nowait(samples)
+            self._emit(samples)
 
-    async def _writer(self) -> None:
+    async def _writer(self, sink: Sink, queue: asyncio.Queue[list[TelemetrySample] | None]) -> None:
+        """Send what is queued for ``sink``, batching what piled up while it was busy."""
         while True:
-            batch = await self._queue.get()
+            batch = await queue.get()
             done = batch is None
             samples = list(batch or [])
-            while not self._queue.empty():
-                more = self._queue.get_nowait()
+            while not queue.empty():
+                more = queue.get_nowait()
                 if more is None:
                     done = True
                 else:
                     samples.extend(more)
-            await self._deliver(samples)
+            await self._send(sink, samples)
             if done:
                 return
 
     async def _deliver(self, samples: list[TelemetrySample]) -> None:
+        for sink in self.sinks:
+            await self._send(sink, samples)
+
+    @staticmethod
+    async def _send(sink: Sink, samples: list[TelemetrySample]) -> None:
         if not samples:
             return
-        for sink in self.sinks:
-            try:
-                await sink.send(samples)
-            except OSError as exc:
-                log.error(
-                    "telemetry sink failed", extra={"sink": type(sink).__name__, "error": str(exc)}
-                )
+        try:
+            await sink.send(samples)
+        except OSError as exc:
+            log.error(
+                "telemetry sink failed", extra={"sink": type(sink).__name__, "error": str(exc)}
+            )

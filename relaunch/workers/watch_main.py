@@ -7,9 +7,12 @@ import asyncio
 import logging
 import signal
 
+from relaunch.connectors.liveness import LivenessMonitor, make_prober
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
-from relaunch.models.config import ClusterConfig
+from relaunch.connectors.slurm.ssh import SshRunner
+from relaunch.models.config import ClusterConfig, ProbeMethod
+from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection
 from relaunch.models.scheduler import Job, Node
 from relaunch.workers import recovery_client
@@ -34,6 +37,7 @@ class BriefListing:
 
 
 def watch_config(config: ClusterConfig) -> WatchConfig:
+    """The watcher's settings; the probes' (``probe_*``) go to :func:`liveness_monitor`."""
     return WatchConfig(
         cluster=config.name,
         partitions=config.watch.partitions,
@@ -41,6 +45,8 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         poll_interval_s=config.watch.poll_interval_s,
         log_interval_s=config.watch.log_interval_s,
         hang_threshold_s=config.watch.hang_threshold_s,
+        lag_floor_s=config.watch.lag_floor_s,
+        heartbeat_timeout_s=config.watch.heartbeat_timeout_s,
         node_log_pattern=config.node_log_pattern,
         telemetry_pattern=config.telemetry_pattern,
         progress_pattern=config.watch.progress_pattern,
@@ -63,7 +69,10 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
             det.kind,
         )
 
-    watcher = Watcher(watch_config(config), BriefListing(scheduler), on_detection)
+    probe_runner, liveness = await liveness_monitor(config)
+    watcher = Watcher(
+        watch_config(config), BriefListing(scheduler), on_detection, liveness=liveness
+    )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,3 +82,45 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
         await watcher.run(stop)
     finally:
         await close_scheduler(scheduler)
+        if liveness is not None:
+            await liveness.prober.close()
+        if probe_runner is not None:
+            await probe_runner.close()
+
+
+async def liveness_monitor(
+    config: ClusterConfig,
+) -> tuple[SshRunner | None, LivenessMonitor | None]:
+    """The liveness monitor ``config.watch`` asks for, and the SSH runner its probes use.
+
+    With ``ssh`` set and the ``auto`` method the probes run on that host (it reaches the
+    nodes' slurmd when this one may not), over a connection of their own: a round a second
+    must not take the sessions the Slurm commands need. A prober that cannot be built
+    (``syn`` without CAP_NET_RAW) is said once, and the watcher runs without probes:
+    everything else it watches still counts."""
+    settings = config.watch
+    if not settings.probe_enabled:
+        return None, None
+    runner = None
+    if config.ssh is not None and settings.probe_method is ProbeMethod.AUTO:
+        runner = SshRunner(config.ssh, env=config.slurm_env)
+    try:
+        prober = make_prober(settings.probe_method, runner=runner)
+    except (RelaunchError, ValueError) as exc:
+        log.error("liveness probes are off: %s", exc, extra={"error": str(exc)})
+        if runner is not None:
+            await runner.close()
+        return None, None
+    monitor = LivenessMonitor(
+        prober,
+        interval_s=settings.probe_interval_s,
+        timeout_s=settings.probe_timeout_s,
+        failures=settings.probe_failures,
+    )
+    log.info(
+        "probing the slurmd of watched nodes every %.1fs (%s, %d failures in a row: unreachable)",
+        settings.probe_interval_s,
+        prober.method,
+        settings.probe_failures,
+    )
+    return runner, monitor

@@ -14,9 +14,30 @@ from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import SignatureMatch
 from relaunch.models.bundle import TelemetrySample
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job
+from relaunch.models.scheduler import HANG_AFTER_KEY, LAG_AFTER_KEY, Job, comment_duration
 
 logger = logging.getLogger("relaunch.workers.watcher")
+
+
+@dataclass
+class WatchStats:
+    """Counters for metrics and `relaunch dev status`."""
+
+    polls: int = 0
+    last_poll_s: float = 0.0
+    watched_jobs: int = 0
+    detections: int = 0
+    errors: int = 0
+    last_error: str = ""
+    long_lines: int = 0  # job-log lines longer than the match limit, matched on their start
+    backlogged: int = 0  # job passes that left log bytes unread (the job's budget was spent)
+    ignored_progress: int = 0  # progress lines naming a rank outside the job's task count
+    probes: int = 0  # liveness probes sent (all nodes, all rounds)
+    probe_failures: int = 0  # of which failed (refused, timed out, unreachable)
+    probe_errors: int = 0  # rounds that could not probe at all (e.g. the SSH host failed)
+    probed_nodes: int = 0  # nodes probed now
+    unreachable_nodes: int = 0  # nodes the probes call unreachable now
+    heartbeat_nodes: int = 0  # nodes whose agent's heartbeat is followed now
 
 
 @dataclass
@@ -80,6 +101,10 @@ class JobWatch:
     # that pass (or before) is not this job's news.
     node_since: dict[str, int] = field(default_factory=dict)
     drain_seen: dict[str, bool] = field(default_factory=dict)
+    # (hang floor, lag floor) for this job, and the comment they were read from: a job's
+    # comment may say `hang_after=` / `lag_after=`; read again only when the comment changes.
+    floors: tuple[float, float] = (0.0, 0.0)
+    floors_comment: str | None = None
     emitted: set[tuple[int, str, tuple[str, ...]]] = field(default_factory=set)
     # Passes in a row that left some of this job's log unread (its scanning budget was spent).
     backlog_passes: int = 0
@@ -87,6 +112,32 @@ class JobWatch:
     # time, so a detection of the attempt a requeue interrupted must carry the old one (it is
     # how a recovery tells its own job from a later job given the same id).
     submitted_at: datetime | None = None
+
+    def limits(self, hang_floor: float, lag_floor: float) -> tuple[float, float]:
+        """The job's (hang floor, lag floor): the configured ones, or what its comment says
+        (``hang_after=``, ``lag_after=``). Read again only when the comment changes; a bad
+        value is said once and ignored (the comment is the job user's: never an error here,
+        and it only ever sets this job's limits)."""
+        job = self.job
+        if self.floors_comment == job.comment:
+            return self.floors
+        floors = [hang_floor, lag_floor]
+        fields = job.comment_fields if job.comment else {}
+        for index, key in enumerate((HANG_AFTER_KEY, LAG_AFTER_KEY)):
+            if key not in fields:
+                continue
+            try:
+                floors[index] = comment_duration(fields[key])
+            except ValueError as exc:
+                logger.warning(
+                    "job %s: ignoring %s in its comment: %s",
+                    job.job_id,
+                    key,
+                    exc,
+                    extra={"job_id": job.job_id},
+                )
+        self.floors, self.floors_comment = (floors[0], floors[1]), job.comment
+        return self.floors
 
     def first_time(self, detection: Detection) -> bool:
         """Dedupe: one report per (attempt, kind, nodes)."""
@@ -117,6 +168,19 @@ class Poll:
 
     def ago(self, seconds: float) -> datetime:
         return self.wall - timedelta(seconds=seconds)
+
+    def rank_node(self, rank: int) -> str | None:
+        """The node ``rank`` runs on: the ``node=`` its progress lines name, else Slurm's
+        default block layout (task ``i`` of ``n`` per node on ``job.nodes[i // n]``)."""
+        nodes, tasks = self.job.nodes, self.job.num_tasks
+        named = self.watch.progress.rank_nodes.get(rank, "").split(".")[0]
+        if named in nodes:
+            return named
+        if not nodes or rank < 0:
+            return None
+        per_node = tasks // len(nodes) if tasks % len(nodes) == 0 else 1
+        index = rank // max(per_node, 1)
+        return nodes[index] if index < len(nodes) else None
 
     def add(
         self,

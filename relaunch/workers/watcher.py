@@ -24,6 +24,13 @@ Choices worth knowing:
 - Rank → node: a ``node=`` field on the rank's progress lines wins; otherwise Slurm's default
   block layout is assumed (task ``i`` of ``n`` per node runs on ``job.nodes[i // n]``; with one
   task per node, rank ``i`` is on ``job.nodes[i]``).
+- Limits follow the job. A whole-job stall (``hang``) is reported after max(``hang_threshold_s``,
+  ``stall_k`` × the median step interval, 1.5 × the longest pause already seen), a rank left
+  behind while its peers go on (``progress_stalled_rank``) after max(``lag_floor_s``, ``stall_k``
+  × the median step interval). A job's comment ``hang_after=10m`` / ``lag_after=30s`` replaces
+  the floor for that job only (5 s to 7 days; a bad value is ignored with one warning).
+- Nodes that die without a word (slurmd probes, node agents' heartbeats) are followed by
+  :class:`relaunch.workers.watch_liveness.Liveness`; see that module.
 """
 
 from __future__ import annotations
@@ -35,24 +42,37 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
 from relaunch.connectors.joboutput import FileAccess
+from relaunch.connectors.liveness import LivenessMonitor
 from relaunch.connectors.logs import FileTail
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.connectors.telemetry import TelemetryTail
 from relaunch.detection.findings import normalise_host, telemetry_findings
 from relaunch.detection.progress import MAX_RANKS, ProgressTracker
 from relaunch.detection.signatures import MAX_LINE, Catalogue, Culprit, Role, SignatureMatch
-from relaunch.models.config import JobOutputSettings
+from relaunch.models.config import (
+    HANG_FLOOR_WHY,
+    LAG_FLOOR_WHY,
+    JobOutputSettings,
+)
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState, watched
-from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream
+from relaunch.models.scheduler import (
+    MAX_AFTER_S,
+    Job,
+    JobState,
+    Node,
+    NodeFlag,
+    NodeState,
+    watched,
+)
+from relaunch.workers.watch_liveness import Liveness
+from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream, WatchStats
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +100,17 @@ class WatchConfig(BaseModel):
     log_interval_s: float = Field(
         default=0.25, gt=0, description="between polls, how often watched jobs' logs are read"
     )
-    hang_threshold_s: float = Field(default=120.0, gt=0)
+    hang_threshold_s: float = Field(default=45.0, ge=5, le=MAX_AFTER_S, description=HANG_FLOOR_WHY)
+    lag_floor_s: float = Field(default=5.0, ge=1, le=MAX_AFTER_S, description=LAG_FLOOR_WHY)
     stall_k: float = Field(default=10.0, gt=0, description="stall = k × the median step time")
+    heartbeat_timeout_s: float = Field(
+        default=15.0, ge=1, le=3600, description="an agent heard, then silent this long: lost"
+    )
     node_log_pattern: str | None = Field(default=None, description="with {node}, per node")
     telemetry_pattern: str | None = Field(
-        default=None, description="the node agents' telemetry.jsonl files, with {node}"
+        default=None,
+        description="the node agents' telemetry.jsonl files, with {node} (their heartbeat "
+        "files are beside them)",
     )
     progress_pattern: str | None = Field(default=None, description="a regex with group `step`")
     max_read_bytes: int = Field(default=8 << 20, gt=0, description="per file per poll")
@@ -110,21 +136,6 @@ class WatchConfig(BaseModel):
         return value
 
 
-@dataclass
-class WatchStats:
-    """Counters for metrics and `relaunch dev status`."""
-
-    polls: int = 0
-    last_poll_s: float = 0.0
-    watched_jobs: int = 0
-    detections: int = 0
-    errors: int = 0
-    last_error: str = ""
-    long_lines: int = 0  # job-log lines longer than the match limit, matched on their start
-    backlogged: int = 0  # job passes that left log bytes unread (the job's budget was spent)
-    ignored_progress: int = 0  # progress lines naming a rank outside the job's task count
-
-
 class Watcher:
     """Polls a cluster and turns what it sees into detections (see the module docstring)."""
 
@@ -135,6 +146,7 @@ class Watcher:
         on_detection: DetectionHandler,
         *,
         catalogue: Catalogue | None = None,
+        liveness: LivenessMonitor | None = None,
     ) -> None:
         self.config = config
         self.stats = WatchStats()
@@ -145,6 +157,14 @@ class Watcher:
         self._nodes: dict[str, NodeFeed] = {}
         self._pass = 0
         self._slow_said_at = -math.inf
+        self._liveness = Liveness(
+            liveness,
+            self.stats,
+            telemetry_pattern=config.telemetry_pattern,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            hang_floor_s=config.hang_threshold_s,
+            lag_floor_s=config.lag_floor_s,
+        )
 
     def watches(self, job: Job) -> bool:
         """See :func:`relaunch.models.scheduler.watched`."""
@@ -176,6 +196,7 @@ class Watcher:
             nodes = {node.name: node for node in await self._scheduler.list_nodes()}
         found: list[Detection] = []
         self._pass += 1
+        self._liveness.update(jobs, nodes, wall)
         for job in jobs:
             if now is None:  # per job, as in read_logs_once
                 wall, clock = datetime.now(UTC), time.monotonic()
@@ -197,6 +218,7 @@ class Watcher:
         asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll)."""
         found: list[Detection] = []
         self._pass += 1
+        self._liveness.refresh()
         for watch in self._jobs.values():
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
             # and a line read late in it must not look detected before it was written.
@@ -205,6 +227,7 @@ class Watcher:
             poll = Poll(self.config.cluster, watch.job, watch, watch.restart_count, wall, clock)
             self._job_logs(poll)
             self._node_news(poll)
+            self._liveness.news(poll)
             found.extend(d for d in poll.found if watch.first_time(d))
         self.stats.detections += len(found)
         return found
@@ -223,6 +246,10 @@ class Watcher:
         # and a log pass never interleave: both run between awaits, on this loop.
         poll: asyncio.Task[list[Detection]] | None = None
         stopped = asyncio.create_task(stop.wait())
+        # The liveness probes keep their own pace (a round every probe_interval_s); the passes
+        # only read the monitor's state.
+        monitor = self._liveness.monitor
+        probing = asyncio.create_task(monitor.run(stop)) if monitor else None
         next_poll = 0.0
         try:
             while not stop.is_set():
@@ -260,7 +287,7 @@ class Watcher:
                     return_when=asyncio.FIRST_COMPLETED,
                 )
         finally:
-            for task in (poll, stopped):
+            for task in (poll, stopped, probing):
                 if task is not None and not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -364,6 +391,7 @@ class Watcher:
             self._node_states(poll, nodes)
         self._job_logs(poll)
         self._node_news(poll)
+        self._liveness.news(poll)
         if job.state is JobState.RUNNING and not requeued:
             self._progress(poll)
         return [d for d in poll.found if watch.first_time(d)]
@@ -502,7 +530,8 @@ class Watcher:
         return feed
 
     def _progress(self, poll: Poll) -> None:
-        tracker, floor, clock = poll.watch.progress, self.config.hang_threshold_s, poll.clock
+        tracker, clock = poll.watch.progress, poll.clock
+        floor, lag_floor = poll.watch.limits(self.config.hang_threshold_s, self.config.lag_floor_s)
         last, source = tracker.last_advance, DetectionSource.PROGRESS
         if last is not None and tracker.stalled(clock, floor):
             limit, step = tracker.stall_limit(floor), tracker.max_step
@@ -510,10 +539,15 @@ class Watcher:
             poll.add("hang", source=source, text=text, fault_time=poll.ago(clock - last))
             return
         ranks = tracker.ranks
-        for rank in tracker.lagging_ranks(clock, floor):
+        lagging = tracker.lagging_ranks(clock, lag_floor)
+        lag_limit = tracker.lag_limit(lag_floor) if lagging else 0.0
+        for rank in lagging:
             age = clock - ranks[rank].advanced_at
-            node = self._rank_node(poll, rank)
-            text = f"rank {rank} stuck at step {ranks[rank].step} for {age:.0f}s; others advance"
+            node = poll.rank_node(rank)
+            text = (
+                f"rank {rank} stuck at step {ranks[rank].step} for {age:.0f}s; others advance "
+                f"(limit {lag_limit:.0f}s)"
+            )
             nodes = [node] if node else []
             kind = "progress_stalled_rank"
             poll.add(kind, source=source, nodes=nodes, text=text, fault_time=poll.ago(age))
@@ -533,23 +567,11 @@ class Watcher:
             return []
         culprit, allocated = self._catalogue.get(match.signature).culprit, poll.job.nodes
         if culprit is Culprit.RANK_PREFIX and match.rank is not None:
-            node = self._rank_node(poll, match.rank)
+            node = poll.rank_node(match.rank)
             return [node] if node else []
         if culprit is Culprit.LINE_HOST and match.host:
             return normalise_host(match.host, allocated)  # the attribution engine's rule
         return []
-
-    @staticmethod
-    def _rank_node(poll: Poll, rank: int) -> str | None:
-        nodes, tasks = poll.job.nodes, poll.job.num_tasks
-        named = poll.watch.progress.rank_nodes.get(rank, "").split(".")[0]
-        if named in nodes:
-            return named
-        if not nodes or rank < 0:
-            return None
-        per_node = tasks // len(nodes) if tasks % len(nodes) == 0 else 1
-        index = rank // max(per_node, 1)
-        return nodes[index] if index < len(nodes) else None
 
 
 def _fields(detection: Detection) -> dict[str, object]:

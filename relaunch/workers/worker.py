@@ -131,6 +131,7 @@ async def run_worker(config: ClusterConfig) -> None:
             await stop.wait()
             log.info("shutting down")
     finally:
+        await deps.close()
         await audit.close()
         await close_scheduler(scheduler)
         if log_store is not None:

@@ -451,6 +451,10 @@ def test_systemd_unit_has_what_a_controller_host_needs(name: str) -> None:
         assert stop_s > worker_graceful_shutdown_s()
         assert service["KillMode"] == "mixed"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
+    # The liveness probe's raw socket (a SYN slurmd never sees) and nothing else; the console
+    # probes nothing.
+    wanted = "CAP_NET_RAW" if UNITS[name] in ("watch", "worker") else ""
+    assert service["AmbientCapabilities"] == service["CapabilityBoundingSet"] == wanted
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from relaunch.connectors.telemetry.kernlog import KernelLogFile
 from relaunch.connectors.telemetry.nvml import NvmlCollector
 from relaunch.models.bundle import TelemetrySample
 from relaunch.workers.agent import agent
-from relaunch.workers.agent_runtime import Agent, FileSink, HttpSink
+from relaunch.workers.agent_runtime import Agent, FileSink, HttpSink, StdoutSink
 from tests.support.fake_nvml import FakeNvml, dgx
 
 REPO = Path(__file__).resolve().parents[2]
@@ -209,3 +210,78 @@ def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
     assert stdout.strip() == "shut down"
     assert "Traceback" not in stderr
     assert len(out.read_text().splitlines()) == 1
+
+
+class _StuckSink:
+    """A receiver that does not answer until released (an HTTP collector that is down)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def send(self, samples: list[TelemetrySample]) -> None:
+        self.calls += 1
+        await self.release.wait()
+
+
+async def test_heartbeats_go_beside_the_file_never_into_it(tmp_path: Path) -> None:
+    """Beats replace the small `heartbeat` file beside telemetry.jsonl, whatever another sink
+    is waiting for; the telemetry file gains no line from them; a clean stop removes it."""
+    fake = FakeNvml(dgx(1))
+    out = tmp_path / "nodes" / "n1" / "telemetry.jsonl"
+    heartbeat = out.with_name("heartbeat")
+    collector = NvmlCollector("n1", fake, call_timeout=2)
+    await collector.start()
+    stuck = _StuckSink()
+    runner = Agent(
+        node="n1", collector=collector, sinks=[stuck, FileSink(out)], interval=5, heartbeat=0.2
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    beats: set[str] = set()
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:  # about five beats
+        await asyncio.sleep(0.05)
+        with contextlib.suppress(FileNotFoundError):
+            beats.add(heartbeat.read_text())
+    assert stuck.calls == 1  # still stuck on its first batch
+    lines = out.read_text().splitlines()
+    stuck.release.set()
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    await collector.close()
+    assert len(beats) >= 3, beats
+    for text in beats:
+        assert text.endswith("\n") and text.count("\n") == 1
+        body = json.loads(text)
+        assert set(body) == {"node", "time", "pid"}
+        assert (body["node"], body["pid"]) == ("n1", os.getpid())
+    assert [json.loads(line).get("gpu") for line in lines] == [0]  # the GPU's first sample only
+    assert len(out.read_text().splitlines()) == 1
+    assert sorted(p.name for p in out.parent.iterdir()) == ["telemetry.jsonl"]
+
+
+async def test_no_heartbeat_in_the_stdout_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeNvml(dgx(1))
+    collector = NvmlCollector("n1", fake, call_timeout=2)
+    await collector.start()
+    runner = Agent(node="n1", collector=collector, sinks=[StdoutSink()], interval=5, heartbeat=0.2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    await asyncio.sleep(0.7)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    await collector.close()
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [sample.get("gpu") for sample in printed] == [0]
+
+
+def test_heartbeat_interval_is_checked() -> None:
+    result = CliRunner().invoke(agent, ["--once", "--node", "n1", "--heartbeat", "0.1"])
+    assert result.exit_code == 2
+    assert "0 (off) or between 0.5 and 3600" in result.output
+    said = " ".join(CliRunner().invoke(agent, ["--help"]).output.split())
+    assert "replaces the small file `heartbeat` beside it (never a telemetry line)" in said
+    assert "stdout and --post receivers get no heartbeats" in said

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from relaunch.connectors.logs import FileTail
-from relaunch.detection.signatures import Catalogue, SignatureMatch
+from relaunch.detection.signatures import Catalogue, ScanStats, SignatureMatch
 from relaunch.models.errors import ControllerUnavailableError
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeState
@@ -58,11 +58,16 @@ class SpyCatalogue(Catalogue):
         self.scanned: list[str] = []
 
     def scan_lines(
-        self, lines: Iterable[tuple[int, str]], *, source: str, source_node: str | None = None
+        self,
+        lines: Iterable[tuple[int, str]],
+        *,
+        source: str,
+        source_node: str | None = None,
+        stats: ScanStats | None = None,
     ) -> list[SignatureMatch]:
         numbered = list(lines)
         self.scanned.extend(text for _, text in numbered)
-        return super().scan_lines(numbered, source=source, source_node=source_node)
+        return super().scan_lines(numbered, source=source, source_node=source_node, stats=stats)
 
 
 async def ignore(_: Detection) -> None:
@@ -325,10 +330,14 @@ async def test_hang_after_the_threshold(
     assert await watcher.poll_once(last_progress + timedelta(seconds=300)) == []
 
 
+@pytest.mark.parametrize(("lag_floor", "seen_at"), [(None, 20), (30.0, 40)])
 async def test_a_rank_left_behind_names_its_node(
-    scheduler: FakeScheduler, tmp_path: Path, log: Path
+    scheduler: FakeScheduler, tmp_path: Path, log: Path, lag_floor: float | None, seen_at: int
 ) -> None:
-    watcher = make_watcher(scheduler, tmp_path, hang_threshold_s=30)
+    # Steps come every second: by default a rank lags after max(5 s, 10 x 1 s) = 10 s; a
+    # lag floor of 30 s makes it 30 s.
+    settings = {} if lag_floor is None else {"lag_floor_s": lag_floor}
+    watcher = make_watcher(scheduler, tmp_path, **settings)
     for second in range(60):
         line = f"0: step={second} loss=1 rank=0 node=n1\n"
         if second < 10:
@@ -338,7 +347,7 @@ async def test_a_rank_left_behind_names_its_node(
         if found:
             break
     assert (found[0].kind, found[0].nodes) == ("progress_stalled_rank", ["n2"])
-    assert second == 40  # rank 1 last advanced at 9 s: over 30 s later it lags
+    assert second == seen_at  # rank 1 last advanced at 9 s
 
 
 async def test_unwatched_jobs_are_ignored(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from relaunch.connectors.liveness import Prober
 from relaunch.models.scheduler import ActionResult, Job, Node
 
 
@@ -29,7 +30,7 @@ class Scheduler(SchedulerReader, Protocol):
 
     async def fence_node(self, name: str, reason: str) -> ActionResult: ...
 
-    async def probe_node(self, node: Node, timeout: float = 1.0) -> bool: ...
+    def prober(self, method: str = "auto") -> Prober: ...
 
     async def resume_node(self, name: str) -> ActionResult: ...
 

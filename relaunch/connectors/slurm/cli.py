@@ -7,7 +7,6 @@ retried call is harmless), act, then verify with a fresh read and report before/
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import pwd
@@ -15,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from relaunch.connectors.liveness import Prober, make_prober
 from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.fresh import FreshRead
 from relaunch.connectors.slurm.runner import (
@@ -247,21 +247,11 @@ class SlurmCli:
         )
         return _node_result("fence", before, after, changed=True)
 
-    async def probe_node(self, node: Node, timeout: float = 1.0) -> bool:
-        """Whether the node's slurmd accepts a TCP connection: the earliest sign of a dead node,
-        well before slurmctld's SlurmdTimeout."""
-        if not node.address or not node.port:
-            return True
-        try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(node.address, node.port), timeout
-            )
-        except (OSError, TimeoutError):
-            return False
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return True
+    def prober(self, method: str = "auto") -> Prober:
+        """The liveness prober for this cluster's nodes, probing from where the Slurm commands
+        run: here, or on the SSH host (``relaunch.connectors.liveness``). Close it when done."""
+        remote = None if isinstance(self._runner, LocalRunner) else self._runner
+        return make_prober(method, runner=remote)
 
     async def resume_node(self, name: str) -> ActionResult:
         name = names.node_name(name)
