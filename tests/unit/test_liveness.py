@@ -506,14 +506,14 @@ async def test_syn_prober_connects_to_ipv6_nodes_without_a_raw_ipv6_socket(
     except OSError:
         pytest.skip("no IPv6 loopback here")
     sock.listen(4)
-    real = liveness._RawChannel
+    real = liveness.syn._RawChannel
 
-    def no_raw_ipv6(family: int) -> liveness._RawChannel:
+    def no_raw_ipv6(family: int) -> liveness.syn._RawChannel:
         if family == socket.AF_INET6:
             raise PermissionError(1, "Operation not permitted")
         return real(family)
 
-    monkeypatch.setattr(liveness, "_RawChannel", no_raw_ipv6)
+    monkeypatch.setattr(liveness.syn, "_RawChannel", no_raw_ipv6)
     prober = SynProber()
     try:
         v6, v4 = await prober.probe(
@@ -531,10 +531,10 @@ async def test_syn_prober_connects_to_ipv6_nodes_without_a_raw_ipv6_socket(
 async def test_a_prober_that_cannot_probe_is_an_error_not_a_dead_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def no_raw(family: int) -> liveness._RawChannel:
+    def no_raw(family: int) -> liveness.syn._RawChannel:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(liveness, "_RawChannel", no_raw)
+    monkeypatch.setattr(liveness.syn, "_RawChannel", no_raw)
     monitor = LivenessMonitor(SynProber(), failures=1)
     monitor.watch(targets("n1"))
     with pytest.raises(ProbeError, match="raw socket"):

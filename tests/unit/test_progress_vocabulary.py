@@ -2,7 +2,7 @@
 resumes, as the watcher's tracker, the evidence step and verify read them.
 
 The lines are the frameworks' own (see the source file each pattern in
-relaunch/detection/progress.py cites), with the ``srun -l`` labels a Slurm job's log carries.
+relaunch/detection/markers.py cites), with the ``srun -l`` labels a Slurm job's log carries.
 """
 
 from __future__ import annotations

@@ -517,7 +517,7 @@ def _adversarial(literals: list[str]) -> list[str]:
 def _every_pattern() -> list[tuple[str, re.Pattern[str]]]:
     """Every regex that runs on job-controlled text: the catalogue, the prefix and time parsers,
     progress, resume, checkpoint and straggler markers, and the bundle's mapping lines."""
-    from relaunch.detection import findings, lines, progress, signatures, straggler
+    from relaunch.detection import findings, lines, markers, progress, signatures, straggler
 
     out = [(s.id, re.compile(s.pattern)) for s in CATALOGUE.signatures]
     out += [
@@ -528,7 +528,7 @@ def _every_pattern() -> list[tuple[str, re.Pattern[str]]]:
         ("resume", progress.RESUME_PATTERN),
         ("progress", re.compile(progress.DEFAULT_PROGRESS_PATTERN)),
         ("megatron", re.compile(progress.MEGATRON_PROGRESS_PATTERN)),
-        ("srun_label", progress._SRUN_LABEL),
+        ("srun_label", markers._SRUN_LABEL),
         ("rank_field", progress._RANK_FIELD),
         ("node_field", progress._NODE_FIELD),
         ("straggler_label", straggler._LABEL),
