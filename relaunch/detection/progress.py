@@ -122,8 +122,8 @@ class ProgressTracker:
 
     @property
     def longest_gap(self) -> float:
-        """The longest time this attempt went without any rank advancing, between two
-        advances (0 before the second)."""
+        """The longest time this attempt went without moving (a rank advancing or a
+        checkpoint save finishing), between two moves (0 before the second)."""
         return self._longest_gap
 
     def observe(self, line: str, now: float) -> bool:
@@ -141,6 +141,10 @@ class ProgressTracker:
         saved = self._vocabulary.saved(body)
         if saved is not None:
             self.last_checkpoint_step = max(self.last_checkpoint_step or 0, saved.step)
+            # A finished save is the whole job moving: the pause before it ends here, so a
+            # save followed by an evaluation counts as two pauses, not one long one (it only
+            # ever holds a hang back: a printed line never makes one).
+            self._active(now)
             return False
         found = self._vocabulary.progress(body)
         if found is None:
@@ -159,9 +163,7 @@ class ProgressTracker:
             return False
         if previous is not None and now > previous.advanced_at:
             self._intervals.append(now - previous.advanced_at)
-        if self._last_any is not None and now > self._last_any:
-            self._longest_gap = max(self._longest_gap, now - self._last_any)
-        self._last_any = now if self._last_any is None else max(self._last_any, now)
+        self._active(now)
         self._ranks[rank] = RankProgress(
             step=found.step,
             advanced_at=now,
@@ -169,6 +171,19 @@ class ProgressTracker:
         )
         self.framework = found.framework
         return True
+
+    def _active(self, now: float) -> None:
+        """The job moved at ``now`` (a rank advanced, or a checkpoint save finished): the gap
+        since it last moved is a pause it came back from."""
+        if self._last_any is not None and now > self._last_any:
+            self._longest_gap = max(self._longest_gap, now - self._last_any)
+        self._last_any = now if self._last_any is None else max(self._last_any, now)
+
+    @property
+    def last_activity(self) -> float | None:
+        """When the job last moved: a rank advanced or a checkpoint save finished (None
+        before the first advance: a save alone says nothing of a job's progress lines)."""
+        return self._last_any if self._ranks else None
 
     def median_interval(self) -> float | None:
         """The median time between a rank's consecutive advances, over recent advances."""
@@ -186,9 +201,9 @@ class ProgressTracker:
         return max(self.lag_limit(threshold_s), PAUSE_MARGIN * self._longest_gap)
 
     def stalled(self, now: float, threshold_s: float) -> bool:
-        """No rank advanced for longer than :meth:`stall_limit`. False before any progress:
-        a job that never printed a marker cannot be judged by this tracker."""
-        last = self.last_advance
+        """The job did not move (:attr:`last_activity`) for longer than :meth:`stall_limit`.
+        False before any progress: a job that never printed a marker cannot be judged."""
+        last = self.last_activity
         return last is not None and now - last > self.stall_limit(threshold_s)
 
     def lagging_ranks(self, now: float, floor_s: float) -> list[int]:

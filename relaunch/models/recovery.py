@@ -207,7 +207,6 @@ class Policy(BaseModel):
     )
     repeat_offender_window_hours: float = Field(default=168.0, gt=0)
     verify_timeout_s: float = 300.0
-    hang_threshold_s: float = 120.0
     suspect_users: int = Field(
         default=2,
         ge=2,

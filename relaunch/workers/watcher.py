@@ -532,10 +532,13 @@ class Watcher:
     def _progress(self, poll: Poll) -> None:
         tracker, clock = poll.watch.progress, poll.clock
         floor, lag_floor = poll.watch.limits(self.config.hang_threshold_s, self.config.lag_floor_s)
-        last, source = tracker.last_advance, DetectionSource.PROGRESS
+        last, source = tracker.last_activity, DetectionSource.PROGRESS
         if last is not None and tracker.stalled(clock, floor):
             limit, step = tracker.stall_limit(floor), tracker.max_step
-            text = f"no rank advanced for {clock - last:.0f}s (step {step}, limit {limit:.0f}s)"
+            text = (
+                f"no rank advanced nor checkpoint finished for {clock - last:.0f}s "
+                f"(step {step}, limit {limit:.0f}s)"
+            )
             poll.add("hang", source=source, text=text, fault_time=poll.ago(clock - last))
             return
         ranks = tracker.ranks

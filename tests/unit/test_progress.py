@@ -205,3 +205,27 @@ def test_a_resume_forgets_the_pace_and_the_pauses() -> None:
     assert tracker.stall_limit(120.0) == 120.0 and tracker.lag_limit(120.0) == 120.0
     last = feed(tracker, [0, 1], range(20, 30), start=last + 20.0, every=1.0)
     assert tracker.stalled(last + 121.0, 120.0)
+
+
+def test_a_checkpoint_save_then_an_evaluation_are_two_pauses_not_one_long_one() -> None:
+    # Megatron and the example job save then evaluate at the same step when the intervals
+    # coincide: 20 s of saving, then 30 s of evaluation, one 50 s gap between two steps. The
+    # finished save ends the first pause, so neither exceeds a 45 s floor.
+    tracker = ProgressTracker()
+    now = 0.0
+    for step in range(1, 21):
+        now += 0.2
+        tracker.observe(f"0: step={step} loss=0.5 rank=0", now)
+        tracker.observe(f"1: step={step} loss=0.5 rank=1", now)
+    saved_at = now + 20
+    tracker.observe("0: checkpoint saved step=20 path=/ckpt", saved_at)
+    assert not tracker.stalled(saved_at + 29.9, 45)  # 49.9 s after the last step
+    assert tracker.stalled(saved_at + 45.1, 45)  # a real hang after the save is still seen
+    tracker.observe("0: step=21 loss=0.5 rank=0", saved_at + 30)
+    assert tracker.longest_gap == pytest.approx(30)
+
+
+def test_a_save_before_any_progress_does_not_start_the_stall_clock() -> None:
+    tracker = ProgressTracker()
+    tracker.observe("0: checkpoint saved step=10 path=/ckpt", 0.0)
+    assert tracker.last_activity is None and not tracker.stalled(1000.0, 45)
