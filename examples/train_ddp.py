@@ -8,18 +8,24 @@ where it stopped. The printed lines are a contract other code parses (see README
     step=<N> loss=<x.xxxx> rank=<r> node=<node>
     checkpoint saved step=<N> path=<path>
     resumed from checkpoint step=<N>        (or: starting from scratch)
+    evaluation started step=<N>             (with --eval-every)
+    evaluation done step=<N> val_loss=<x.xxxx>
     training finished step=<N>
+
+With ``--progress-style megatron`` the progress, checkpoint and resume lines take Megatron-LM's
+shapes instead (see README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
 import warnings
 import zlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +50,29 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout (s)")
     p.add_argument("--fail-at-step", type=int, default=None, help="inject an error at step N")
     p.add_argument("--fail-rank", type=int, default=None, help="rank that raises the error")
+    p.add_argument(
+        "--ckpt-pause", type=float, default=0.0, help="extra seconds rank 0 spends in each save"
+    )
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: never)")
+    p.add_argument("--eval-pause", type=float, default=0.0, help="seconds each evaluation takes")
+    p.add_argument(
+        "--sync-every", type=int, default=1, help="all-reduce gradients every N steps (default 1)"
+    )
+    p.add_argument(
+        "--progress-style",
+        choices=("pytorch", "megatron"),
+        default="pytorch",
+        help="shape of the progress, checkpoint and resume lines",
+    )
     args = p.parse_args()
     if args.ckpt_every < 1:
         p.error("--ckpt-every must be at least 1")
+    if args.sync_every < 1:
+        p.error("--sync-every must be at least 1")
+    if args.eval_every < 0:
+        p.error("--eval-every must be 0 (never) or more")
+    if args.ckpt_pause < 0 or args.eval_pause < 0:
+        p.error("--ckpt-pause and --eval-pause must not be negative")
     return args
 
 
@@ -122,6 +148,75 @@ def agreed_step(step: int) -> int:
     return step
 
 
+class Printer:
+    """The job's progress, checkpoint and resume lines, PyTorch-example or Megatron-LM shaped.
+
+    Real Megatron prints progress from the last rank only; here every rank prints (``srun -l``
+    labels each line), so a watcher sees one progress stream per rank."""
+
+    def __init__(self, style: str, rank: int, node: str, last_step: int) -> None:
+        self.megatron = style == "megatron"
+        self.rank = rank
+        self.node = node
+        self.last_step = last_step
+        self._since = time.monotonic()
+
+    def progress(self, step: int, loss: float) -> None:
+        if not self.megatron:
+            print(f"step={step} loss={loss:.4f} rank={self.rank} node={self.node}", flush=True)
+            return
+        now = time.monotonic()
+        ms = (now - self._since) * 1000
+        self._since = now
+        print(
+            f" [{datetime.now():%Y-%m-%d %H:%M:%S}] iteration {step:8d}/{self.last_step:8d} |"
+            f" consumed samples: {step * BATCH:12d} | elapsed time per iteration (ms): {ms:.1f} |"
+            f" learning rate: {0.01:.6E} | global batch size: {BATCH:5d} | lm loss: {loss:.6E} |"
+            " loss scale: 1.0 | number of skipped iterations:   0 |"
+            " number of nan iterations:   0 |",
+            flush=True,
+        )
+
+    def saved(self, step: int, path: Path) -> None:
+        if self.megatron:
+            print(
+                f"  successfully saved checkpoint from iteration {step:7d} to {path.parent}"
+                " [ t 1/1, p 1/1 ]",
+                flush=True,
+            )
+        else:
+            print(f"checkpoint saved step={step} path={path}", flush=True)
+
+    def resumed(self, step: int, ckpt_dir: Path) -> None:
+        if self.megatron:
+            print(f" loading checkpoint from {ckpt_dir} at iteration {step}", flush=True)
+            print(
+                f"  successfully loaded checkpoint from {ckpt_dir} [ t 1/1, p 1/1 ]"
+                f" at iteration {step}",
+                flush=True,
+            )
+        else:
+            print(f"resumed from checkpoint step={step}", flush=True)
+        self._since = time.monotonic()
+
+    def evaluated(self, step: int, loss: float) -> None:
+        if self.megatron:
+            print(f" validation loss at iteration {step} | lm loss value: {loss:.6E} |", flush=True)
+        print(f"evaluation done step={step} val_loss={loss:.4f}", flush=True)
+        self._since = time.monotonic()
+
+
+def evaluate(model: nn.Module, step: int, rank: int, pause: float) -> float:
+    """A few held-out batches without gradients, then ``pause`` seconds (a real evaluation's
+    length), then a barrier: no rank starts the next step before every rank is done."""
+    loss_fn = nn.MSELoss()
+    with torch.no_grad():
+        losses = [loss_fn(model(x), y).item() for x, y in (batch(-step - i, rank) for i in (1, 2))]
+    time.sleep(pause)
+    dist.barrier()
+    return float(sum(losses) / len(losses))
+
+
 def main() -> int:
     args = parse_args()
     rank = int(os.environ["SLURM_PROCID"])
@@ -145,8 +240,9 @@ def main() -> int:
         optimizer.load_state_dict(ckpt["optimizer"])
         last_done = int(ckpt["step"])
     last_done = agreed_step(last_done)
+    out = Printer(args.progress_style, rank, node, args.steps)
     if ckpt is not None:
-        print(f"resumed from checkpoint step={last_done}", flush=True)
+        out.resumed(last_done, args.ckpt_dir)
     else:
         print("starting from scratch", flush=True)
 
@@ -158,14 +254,22 @@ def main() -> int:
             raise RuntimeError(f"injected application error at step {step}")
         x, y = batch(step, rank)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
-        loss.backward()  # DDP all-reduces the gradients across ranks here
+        # Between synchronised steps a rank trains on its own: it keeps printing progress even
+        # while a peer is gone, until the next synchronised step blocks it.
+        local = step % args.sync_every != 0
+        with ddp.no_sync() if local else contextlib.nullcontext():
+            loss = loss_fn(ddp(x), y)
+            loss.backward()  # DDP all-reduces the gradients across ranks here (unless local)
         optimizer.step()
-        print(f"step={step} loss={loss.item():.4f} rank={rank} node={node}", flush=True)
+        out.progress(step, loss.item())
         if rank == 0 and step % args.ckpt_every == 0:
             state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
             path = save_checkpoint(args.ckpt_dir, state)
-            print(f"checkpoint saved step={step} path={path}", flush=True)
+            time.sleep(args.ckpt_pause)  # a big model's slow save; peers wait in a collective
+            out.saved(step, path)
+        if args.eval_every and step % args.eval_every == 0:
+            print(f"evaluation started step={step}", flush=True)
+            out.evaluated(step, evaluate(model, step, rank, args.eval_pause))
         time.sleep(args.step_sleep)
 
     dist.barrier()  # no rank tears down the group while a peer still needs it

@@ -16,13 +16,14 @@ import psutil
 
 from bench.faults.common import BenchError, BenchStack, JobWatch, LogTail, log, now, submit_ddp
 from bench.faults.scenarios import (
-    APP_FAIL_STEP,
+    CLASSES,
     EPOCH,
     FAULT_AFTER_STEP,
     INJECTORS,
-    MIX,
-    TRAIN_ARGS,
     rank_processes,
+    silence,
+    train_args,
+    undo_injection,
 )
 from relaunch.models.errors import RelaunchError
 
@@ -38,29 +39,36 @@ NEVER_REASON = {
     "application": "the job ends FAILED; nothing restarts it (correct: a restart would fail again)",
     "hang": "the job stays RUNNING with no progress; Slurm ends it only at its time limit "
     "(INFINITE here; days on a real cluster)",
+    "silent_hang": "the job stays RUNNING with no progress and no error line; the survivor's "
+    "gloo gives up only after the job's 1800 s timeout, the job then ends FAILED and is not "
+    "requeued; Slurm ends it otherwise only at its time limit",
+    "silent_node_crash": "not running again within the observation window",
+    "network_partition": "not running again within the observation window",
 }
+# Classes where Slurm itself requeues the job (node failure, preemption): watch long enough to
+# see it (SlurmdTimeout=300 s, then the requeue with cred_expire=120 s).
+SLURM_RECOVERS = {"node_failure": 900.0, "silent_node_crash": 900.0, "network_partition": 900.0}
 
 
 async def run_baseline(
     bs: BenchStack, cls: str, n: int, work: Path, observe: float
 ) -> dict[str, Any]:
     sched = bs.sched()
-    args = list(TRAIN_ARGS)
-    if cls == "application":
-        args += ["--fail-at-step", str(APP_FAIL_STEP), "--fail-rank", "1"]
+    args = train_args(cls)
     job_id = await asyncio.to_thread(
         submit_ddp,
         bs,
         workdir=work,
         ckpt_dir=work / f"bckpt-{cls}-{n}",
         args=args,
-        port=31000 + n * 10 + list(MIX).index(cls),
+        port=31000 + n * 10 + CLASSES.index(cls),
     )
     tail = LogTail(work / f"train-{job_id}.out")
     tail.start()
     watch = JobWatch(sched, job_id)
     row: dict[str, Any] = {"cls": cls, "run": n, "job": job_id, "baseline": True}
     urgent: str | None = None
+    info: dict[str, Any] = {}
     try:
         await tail.wait(
             lambda t: t.last_checkpoint() >= 10 and t.max_step() >= FAULT_AFTER_STEP - 1,
@@ -73,14 +81,16 @@ async def run_baseline(
         watch.start()
         fault_at = now()
         info = await INJECTORS[cls](bs, job_id, culprit, tail)
+        fault_at = info.pop("struck_at", fault_at)
         if cls == "application":
             found = tail.first("injected application error", EPOCH)
             fault_at = found[0] if found else fault_at
-        urgent = info.pop("urgent_job", None)
+        urgent = info.get("urgent_job")
         row.update(culprit=culprit, fault_at=fault_at.isoformat())
+        row.update({k: v for k, v in info.items() if k in ("slurmd_port", "dropped_ports")})
         step_at_fault = tail.max_step(fault_at)
         # Node failure and preemption: Slurm requeues by itself; wait for RUNNING again.
-        limit = 900.0 if cls == "node_failure" else (200.0 if cls == "preemption" else observe)
+        limit = SLURM_RECOVERS.get(cls, 200.0 if cls == "preemption" else observe)
         deadline = time.monotonic() + limit
         ended_at: float | None = None
         while time.monotonic() < deadline:
@@ -121,10 +131,12 @@ async def run_baseline(
             progress_after = tail.max_step() > step_at_fault
             row["progress_after"] = progress_after
         row["progress"] = [((t - fault_at).total_seconds(), s) for t, s in tail.progress()]
+        row.update(silence(tail, fault_at))
     except (BenchError, RelaunchError) as exc:
         row["error"] = str(exc)[:400]
         log(f"baseline {cls} run {n}: {exc}")
     finally:
+        undo_injection(info)
         await watch.stop()
         await tail.stop()
         if "culprit" in row:

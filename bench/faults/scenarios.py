@@ -2,14 +2,19 @@
 what Relaunch made of it (from the job's log, Slurm, the workflow and the audit trail).
 
 Every class: the 2-node DDP job (rank r on the job's r-th node) runs until it has checkpointed
-(every 10 steps) and passed step 15; then the fault hits rank 1's node (the culprit)."""
+(every 10 steps) and passed step 15; then the fault hits rank 1's node (the culprit).
+
+The silent classes print no error line: the survivors block in their next all-reduce (gloo
+keeps waiting on a peer whose sockets stay open) for the job's 1800 s process-group timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +33,9 @@ from relaunch.models.recovery import RecoveryStatus, recovery_workflow_id
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 TRAIN_ARGS = ["--step-sleep", "0.2", "--ckpt-every", "10", "--pg-timeout", "60"]
+# Silent classes: a survivor blocked in a collective stays silent for 30 min, as on a cluster
+# whose NCCL/gloo timeout is long (PyTorch's default NCCL timeout is 10 min, Megatron's 30).
+SILENT_ARGS = ["--step-sleep", "0.2", "--ckpt-every", "10", "--pg-timeout", "1800"]
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 FAULT_AFTER_STEP = 15
 APP_FAIL_STEP = 16
@@ -53,7 +61,28 @@ EXPECTED: dict[str, tuple[str, str, bool]] = {
     "application": ("application", "hold", False),
     "preemption": ("preemption", "none", False),
 }
+# Faults that print no error line (the commonest real deaths): injected beside Mix A, not
+# weighted by it (they are Mix A's node failures, hangs and network faults seen from outside).
+SILENT = ("silent_node_crash", "silent_hang", "network_partition")
+CLASSES = (*MIX, *SILENT)
+EXPECTED.update(
+    {
+        # The probe finds the dead slurmd: a trusted node_unreachable names the culprit.
+        "silent_node_crash": ("node_failure", "isolate_and_restart", True),
+        # Under the default hang policy (no bench override of the floor).
+        "silent_hang": ("hang", "restart", True),
+        "network_partition": ("node_failure", "isolate_and_restart", True),
+    }
+)
+# Other verdicts that are also right for a class (category/action).
+ALSO_RIGHT: dict[str, set[str]] = {
+    "hang": {"hang/isolate_and_restart"},
+    "silent_hang": {"hang/isolate_and_restart"},
+    "network_partition": {"network/isolate_and_restart"},
+}
 EXPLICIT = ("gpu_hardware", "network", "node_failure", "application", "preemption")
+# A line a survivor prints when it notices a dead peer (gloo, srun, slurmstepd, Python).
+ERROR_LINE = re.compile(r"error|Error|ERROR|Traceback|Terminated|CANCELLED|timed out|abort")
 Injector = Callable[[BenchStack, str, str, LogTail], Awaitable[dict[str, Any]]]
 
 
@@ -81,7 +110,8 @@ async def inject_gpu(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> d
 
 async def inject_node(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
     """The node's slurmd and the job's processes on it SIGKILLed; no log line is written."""
-    return {"killed": faults.kill_node(bs.s.slurm, node, job_id=job_id)}
+    killed = faults.kill_node(bs.s.slurm, node, job_id=job_id)
+    return {"killed": killed, "struck_at": now()}
 
 
 def cut_connections(proc: psutil.Process) -> int:
@@ -158,6 +188,69 @@ async def inject_preemption(
     return {"urgent_job": out.stdout.strip().split(";")[0]}
 
 
+async def inject_freeze(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
+    """`faults.freeze_node`: the node's slurmd SIGKILLed, its slurmstepd and rank SIGSTOPped
+    (sockets open and silent: the survivor blocks). Records whether slurmd's port refuses."""
+    frozen = faults.freeze_node(bs.s.slurm, node, job_id=job_id)
+    struck = now()  # the processes are found first (a /proc scan), then signalled at once
+    await asyncio.sleep(0.2)
+    return {"frozen": frozen, "slurmd_port": slurmd_port_state(bs, node), "struck_at": struck}
+
+
+async def inject_partition(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:
+    """`faults.partition_ports`: every packet of the job's processes on the node (rank 1's gloo
+    and store connections, slurmstepd's) and of the node's slurmd port silently dropped
+    (nftables, both directions, no reset)."""
+    procs = faults.job_processes_with_stepds(bs.s.slurm, node, job_id)
+    table = f"rlbench_{bs.name}_{job_id}"
+    part = faults.partition_ports(bs.s.slurm, node, procs, table=table)
+    struck = now()
+    return {
+        "struck_at": struck,
+        "nft_table": part.table,
+        "dropped_ports": list(part.ports),
+        "slurmd_port": slurmd_port_state(bs, node),
+    }
+
+
+def slurmd_port_state(bs: BenchStack, node: str) -> str:
+    """What a connection to the node's slurmd port gets now: open, refused or no answer."""
+    port = bs.s.slurm.slurmd_ports[bs.s.slurm.nodes.index(node)]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "no answer"
+
+
+def undo_injection(info: dict[str, Any]) -> None:
+    """Take back what an injection left: the partition's rules (always first), frozen
+    processes (SIGKILLed). Idempotent."""
+    if table := info.get("nft_table"):
+        try:
+            faults.heal_partition(str(table))
+        except RelaunchError as exc:
+            log(f"nft table {table} not removed: {exc}")
+    if frozen := info.get("frozen"):
+        faults.release_frozen(list(frozen))
+
+
+def silence(tail: LogTail, at: datetime) -> dict[str, Any]:
+    """How long the job log stayed free of error-looking lines after ``at``: any line (srun's
+    and slurmstepd's too) and the survivor's (rank 0's, ``0: `` under ``srun -l``); None where
+    there was none in what was observed."""
+    found = tail.first(ERROR_LINE, at)
+    # The rank's own lines, not slurmstepd's (which srun -l labels with the task too).
+    survivor = tail.first(re.compile(r"^0: (?!slurmstepd).*(?:" + ERROR_LINE.pattern + ")"), at)
+    return {
+        "first_error_s": (found[0] - at).total_seconds() if found else None,
+        "first_error_line": found[1][:160] if found else None,
+        "survivor_error_s": (survivor[0] - at).total_seconds() if survivor else None,
+    }
+
+
 INJECTORS: dict[str, Injector] = {
     "gpu_hardware": inject_gpu,
     "network": inject_network,
@@ -165,7 +258,20 @@ INJECTORS: dict[str, Injector] = {
     "hang": inject_hang,
     "application": inject_app,
     "preemption": inject_preemption,
+    "silent_node_crash": inject_freeze,
+    "silent_hang": inject_hang,
+    "network_partition": inject_partition,
 }
+
+
+def train_args(cls: str) -> list[str]:
+    """The DDP example's arguments for a class's job."""
+    if cls in SILENT:
+        return list(SILENT_ARGS)
+    args = list(TRAIN_ARGS)
+    if cls == "application":
+        args += ["--fail-at-step", str(APP_FAIL_STEP), "--fail-rank", "1"]
+    return args
 
 
 async def workflow_result(client: Client, incident: str, timeout: float) -> RecoveryStatus | None:
@@ -188,22 +294,21 @@ async def run_one(
     bs: BenchStack, client: Client, audit: AuditStore, cls: str, n: int, work: Path
 ) -> dict[str, Any]:
     sched = bs.sched()
-    args = list(TRAIN_ARGS)
-    if cls == "application":
-        args += ["--fail-at-step", str(APP_FAIL_STEP), "--fail-rank", "1"]
+    args = train_args(cls)
     job_id = await asyncio.to_thread(
         submit_ddp,
         bs,
         workdir=work,
         ckpt_dir=work / f"ckpt-{cls}-{n}",
         args=args,
-        port=21000 + n * 10 + list(MIX).index(cls),
+        port=21000 + n * 10 + CLASSES.index(cls),
     )
     tail = LogTail(work / f"train-{job_id}.out")
     tail.start()
     watch = JobWatch(sched, job_id)
     row: dict[str, Any] = {"cls": cls, "run": n, "job": job_id}
     urgent: str | None = None
+    info: dict[str, Any] = {}
     try:
         await tail.wait(
             lambda t: t.last_checkpoint() >= 10 and t.max_step() >= FAULT_AFTER_STEP - 1,
@@ -217,11 +322,14 @@ async def run_one(
         watch.start()
         fault_at = now()
         info = await INJECTORS[cls](bs, job_id, culprit, tail)
+        # The moment the fault struck, where finding its processes took a while first.
+        fault_at = info.pop("struck_at", fault_at)
         if cls == "application":
             found = tail.first("injected application error", EPOCH)
             fault_at = found[0] if found else fault_at
-        urgent = info.pop("urgent_job", None)
-        row.update(culprit=culprit, job_nodes=nodes, fault_at=fault_at.isoformat(), **info)
+        urgent = info.get("urgent_job")
+        shown = {k: v for k, v in info.items() if k != "urgent_job"}
+        row.update(culprit=culprit, job_nodes=nodes, fault_at=fault_at.isoformat(), **shown)
         step_at_fault = tail.max_step(fault_at)
         incident = recovery_workflow_id(bs.cfg.name, job_id, before)
         limit = 90 if cls in ("application", "preemption") else 240
@@ -273,10 +381,12 @@ async def run_one(
             row["work_lost_since_ckpt"] = step_at_fault - tail.last_checkpoint()
         row["step_at_fault"] = step_at_fault
         row["progress"] = [((t - fault_at).total_seconds(), s) for t, s in tail.progress()]
+        row.update(silence(tail, fault_at))
     except (BenchError, RelaunchError) as exc:
         row["error"] = str(exc)[:400]
         log(f"{cls} run {n}: {exc}")
     finally:
+        undo_injection(info)
         await watch.stop()
         await tail.stop()
         for proc in rank_processes(bs, row.get("culprit", ""), job_id) if "culprit" in row else []:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,10 +17,26 @@ import psutil
 
 from relaunch.models.errors import StackError
 
+# Services of a stack listen here: below the kernel's ephemeral range (32768-60999 on Linux),
+# where an outgoing connection of another process can take a port between the moment it is
+# picked and the moment the service binds it ("Address already in use"), and below the DDP
+# example's rendezvous ports (20000-39999).
+SERVICE_PORTS = (10000, 19999)
+
 
 def free_port() -> int:
-    """A TCP port nothing listens on right now (for tests: one stack per session)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port nothing listens on right now, from ``SERVICE_PORTS`` (for tests: one stack
+    per session; a random pick, so that stacks started side by side rarely meet)."""
+    low, high = SERVICE_PORTS
+    for _ in range(500):
+        port = random.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range: any port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -78,7 +78,7 @@ class StackConfig(BaseModel):
         cfg = cls.model_validate({**ports, **overrides})
         # slurmd ports are taken as a block from a random free base; checked when written.
         base = procs.free_port()
-        while any(procs.port_open(base + i) for i in range(nodes)) or base + nodes > 65000:
+        while any(procs.port_open(base + i) for i in range(nodes)) or base + nodes > 32000:
             base = procs.free_port()
         return cfg.model_copy(update={"slurmd_base_port": base})
 
