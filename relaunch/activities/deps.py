@@ -38,9 +38,16 @@ class Deps:
     _prober: Prober | None = field(default=None, init=False, repr=False)
 
     def prober(self) -> Prober:
-        """The node liveness prober (made on first use: a raw socket, or the SSH host's)."""
+        """The node liveness prober (made on first use: a raw socket, or the SSH host's). One
+        the configuration asks for but this process cannot have (``syn`` without CAP_NET_RAW)
+        is said once and replaced by a connect prober: the evidence step's single probe per
+        recovery is worth a line in slurmd's log."""
         if self._prober is None:
-            self._prober = self.scheduler.prober(self.config.watch.probe_method)
+            try:
+                self._prober = self.scheduler.prober(self.config.watch.probe_method)
+            except (RelaunchError, ValueError) as exc:
+                log.warning("evidence probes use TCP connects: %s", exc)
+                self._prober = self.scheduler.prober("connect")
         return self._prober
 
     async def close(self) -> None:

@@ -18,7 +18,7 @@ from relaunch.activities.remote_logs import fetch_evidence_logs
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.joboutput import FileEvidence, read_file_evidence, read_telemetry
-from relaunch.connectors.liveness import ProbeTarget
+from relaunch.connectors.liveness import ProbeError, ProbeTarget
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import line_timestamp
@@ -390,7 +390,11 @@ class EvidenceActivities:
                 break
             if attempt:
                 await asyncio.sleep(PROBE_PAUSE_S)
-            results = await self.deps.prober().probe(targets, PROBE_TIMEOUT_S)
+            try:
+                results = await self.deps.prober().probe(targets, PROBE_TIMEOUT_S)
+            except ProbeError as exc:  # no probe could be sent: nothing is known, not "dead"
+                activity.logger.warning("could not probe the job's nodes: %s", exc)
+                return []
             answered = {r.node for r in results if r.ok}
             targets = [t for t in targets if t.node not in answered]
         return [t.node for t in targets]
