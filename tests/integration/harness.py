@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.connectors.slurm.cli import SlurmCli
-from relaunch.devstack import faults
+from relaunch.devstack import faults, procs
 from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import Stack
 from relaunch.devstack.workload import submit_training
@@ -36,6 +36,9 @@ from relaunch.models.scheduler import NodeState
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 REPO = Path(__file__).resolve().parents[2]
+# What each process logs once it works: the worker polls its task queue, the watcher polls.
+READY = {"worker": "worker for cluster", "watch": "watching cluster"}
+READY_TIMEOUT_S = 90.0
 _names = itertools.count(1)
 
 
@@ -70,13 +73,31 @@ class Harness:
     # -------------------------------------------------------------- processes
 
     def start(self, name: str) -> None:
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-        self.procs[name] = subprocess.Popen(
+        """Start ``relaunch <name>`` and wait until it is ready: a fault injected before the
+        watcher's first look, or a page asked of a console not yet listening, would test the
+        machine's load instead of Relaunch."""
+        path = self.tmp / f"{name}.log"
+        offset = path.stat().st_size if path.exists() else 0
+        log = open(path, "ab")  # noqa: SIM115 - owned by the process
+        proc = self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "relaunch.workers.cli", name, "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._ready(name, path, offset):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = path.read_text(errors="replace")[offset:][-2000:]
+                raise AssertionError(f"relaunch {name} not ready (exit {proc.poll()}):\n{tail}")
+            time.sleep(0.1)
+
+    def _ready(self, name: str, log: Path, offset: int) -> bool:
+        if name == "console":
+            return procs.port_open(self.config.console.port)
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return READY[name].encode() in f.read()
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name, None)
