@@ -338,7 +338,9 @@ async def test_printed_cancel_and_preemption_banners_do_not_overrule_a_real_xid(
         assert verdict is not None and plan is not None, status
         assert verdict.category is Category.GPU_HARDWARE, verdict
         assert verdict.culprit_nodes == ["n2"] and verdict.corroboration.get("n2"), verdict
-        assert plan.action is Action.ISOLATE_AND_RESTART and plan.drain_nodes == ["n2"], plan
+        assert plan.action is Action.ISOLATE_AND_RESTART, plan
+        # A plan made after the other recovery drained n2 leaves it drained and excludes it.
+        assert plan.drain_nodes == ["n2"] or "n2" in plan.exclude_nodes, plan
         guards = await t.h.events(incident, "guard")
         assert not [g.summary for g in guards if "REFUSED" in g.summary]
     drained = t.drained()
