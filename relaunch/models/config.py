@@ -24,9 +24,10 @@ class ProbeMethod(StrEnum):
 
 # Why the hang floor is 45 s: a silently hung job must be seen within 60 s (the floor plus a
 # poll), while the pauses a healthy job makes without printing progress must not alarm: a 30 s
-# evaluation pass and a 20 s checkpoint save leave a margin of 15 s. A job that pauses longer
-# says so with `--comment relaunch=on,hang_after=10m`; once it has paused, 1.5 x its longest
-# pause is its floor anyway.
+# evaluation pass and a 20 s checkpoint save leave a margin of 15 s (a save followed by an
+# evaluation is two pauses: a finished save ends the first; bench/results/false_alarms.md). A
+# job that pauses longer says so with `--comment relaunch=on,hang_after=10m`; once it has
+# paused, 1.5 x its longest pause is its floor anyway.
 HANG_FLOOR_WHY = (
     "a whole-job stall is reported after max(this, stall_k x the median step interval, 1.5 x "
     "the longest pause already seen); 45 s sees a silent hang within 60 s while a 30 s "
