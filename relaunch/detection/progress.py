@@ -112,11 +112,6 @@ class ProgressTracker:
         return dict(self._ranks)
 
     @property
-    def last_advance(self) -> float | None:
-        """When any rank last advanced."""
-        return max((r.advanced_at for r in self._ranks.values()), default=None)
-
-    @property
     def max_step(self) -> int | None:
         return max((r.step for r in self._ranks.values()), default=None)
 

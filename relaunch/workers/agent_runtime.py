@@ -6,7 +6,7 @@ kernel line the signature catalogue knows. Each sink has its own queue and write
 HTTP receiver (retries, backoff) never holds up the file the watcher reads.
 
 With ``heartbeat``, every that many seconds each file sink replaces the small file ``heartbeat``
-beside its telemetry file (:func:`relaunch.workers.watch_liveness.write_heartbeat`): the watcher
+beside its telemetry file (:mod:`relaunch.connectors.telemetry.heartbeat`): the watcher
 reports a node whose agent falls silent. Beats never go into the telemetry stream, so the file
 the watcher reads from its start when it meets a node does not grow with them; stdout and HTTP
 receivers get none. A clean stop removes the file (a stopped agent is not a dead node).
@@ -27,6 +27,11 @@ import httpx
 
 from relaunch.connectors.telemetry.calls import NvmlTimeoutError
 from relaunch.connectors.telemetry.files import append_samples
+from relaunch.connectors.telemetry.heartbeat import (
+    heartbeat_path,
+    remove_heartbeat,
+    write_heartbeat,
+)
 from relaunch.connectors.telemetry.kernlog import (
     JournalReader,
     KernelLine,
@@ -38,7 +43,6 @@ from relaunch.connectors.telemetry.nvml import NvmlCollector
 from relaunch.connectors.telemetry.samples import ChangeFilter, pci_key
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.bundle import TelemetrySample, TelemetrySource
-from relaunch.workers.watch_liveness import heartbeat_path, remove_heartbeat, write_heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,15 @@ from relaunch.connectors.liveness import (
     make_prober,
     raw_sockets_permitted,
 )
-from relaunch.models.config import ClusterConfig, WatchSettings
-from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState, Node, NodeState, comment_duration
-from relaunch.workers.watch_liveness import (
-    Heartbeat,
+from relaunch.connectors.telemetry.heartbeat import (
     heartbeat_path,
     remove_heartbeat,
     write_heartbeat,
 )
+from relaunch.models.config import ClusterConfig, WatchSettings
+from relaunch.models.recovery import Detection, DetectionSource
+from relaunch.models.scheduler import Job, JobState, Node, NodeState, comment_duration
+from relaunch.workers.watch_liveness import Heartbeat
 from relaunch.workers.watch_main import liveness_monitor, watch_config
 from relaunch.workers.watcher import WatchConfig, Watcher
 from tests.unit.test_watcher import FakeScheduler, append, ignore
