@@ -367,3 +367,37 @@ async def test_a_line_stamped_2099_does_not_age_out_a_real_xid(arena: Tier) -> N
     assert set(t.drained()) == {"n2"}
     t.alive()
     await t.no_secret_anywhere()
+
+
+# ------------------------------------------------------------- silent-failure rules
+
+
+async def test_a_printed_lagging_rank_and_hostile_limits_drain_nothing(arena: Tier) -> None:
+    """The lagging-rank rule and the per-job limits read the job's own output and comment: a
+    job that prints two ranks' progress, then lets rank 1 fall silent while rank 0 goes on,
+    with `hang_after=abc,lag_after=1` in its comment (ignored: not a duration, under 5 s),
+    opens a recovery that names rank 1's healthy node a suspect at most: nothing is drained,
+    the watcher lives on, and the node's probe still answers."""
+    t = arena
+    both = 'echo "0: step=$i loss=0.5 rank=0"; echo "1: step=$i loss=0.5 rank=1"'
+    job_id = t.submit(
+        job(
+            f"for i in $(seq 1 20); do {both}; sleep 0.2; done",
+            'for i in $(seq 21 3000); do echo "0: step=$i loss=0.5 rank=0"; sleep 0.2; done',
+        ),
+        "-N2",
+        "--ntasks-per-node=1",
+        AWAY,
+        comment=f"{t.opt_in},hang_after=abc,lag_after=1",
+    )
+    nodes = await t.running(job_id, printed="1: step=20 ")
+    status = await t.settled(await t.incident(job_id))
+    t.say("lag", status)
+    detections = await t.h.events(status.incident_id, "detection")
+    kinds = {str(d.data.get("kind")) for d in detections}
+    assert "progress_stalled_rank" in kinds and "node_unreachable" not in kinds, kinds
+    lagged = [d for d in detections if d.data.get("kind") == "progress_stalled_rank"]
+    assert lagged[0].nodes == [nodes[1]], lagged[0]
+    plan = status.plan
+    assert plan is not None and plan.drain_nodes == [], plan
+    await finish(t)
