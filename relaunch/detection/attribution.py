@@ -6,7 +6,12 @@ The rules, in the order they are tried (failure-signatures.md §1 and §3):
    preempted; a time limit is a time limit unless training had stopped long before (a hang).
 2. Node-level root causes (Xid, SXid, NIC, ECC telemetry, a node failure Slurm reports, a node
    that stopped answering) blame their nodes, every one of them, whatever the cascade on the
-   other ranks says; the same Xid 119/120 on most nodes points at the driver instead.
+   other ranks says; the same Xid 119/120 on most nodes points at the driver instead. An Xid
+   counts as NVIDIA's Xid catalogue says (relaunch/detection/xids): only a code whose immediate
+   action is a GPU reset, a reboot or a support call takes its node out; one that asks for a
+   restart of the application restarts without isolation (unless the catalogue's repeat rule
+   makes it the GPU's), an Xid 154 decides for the NVLink errors it summarises, and the rest
+   are context.
 3. An application root (an exception, an OOM, a non-finite loss, a segfault, an OOM kill behind
    a bare ``Killed``) never blames a node; infrastructure roots restart without blame. The
    earliest such root decides between them.
@@ -37,8 +42,9 @@ from relaunch.detection.findings import Finding, Findings, collect, line_hosts
 from relaunch.detection.planning import default_action
 from relaunch.detection.signatures import Catalogue, Role
 from relaunch.detection.straggler import find_stragglers
+from relaunch.detection.xids import OUTCOMES, Bucket, Implicates, Outcome, Remedy, xid_table
 from relaunch.models.bundle import Bundle
-from relaunch.models.recovery import Action, Category, EvidenceLine, Verdict
+from relaunch.models.recovery import Action, Category, EvidenceLine, Verdict, XidEvidence
 
 NODE_CATEGORIES = frozenset({Category.GPU_HARDWARE, Category.NETWORK, Category.NODE_FAILURE})
 _DOWN_WORDS = ("DOWN", "NOT_RESPONDING", "FAIL")
@@ -48,8 +54,9 @@ STALL_AFTER = timedelta(minutes=10)
 REPEAT_WINDOW = timedelta(hours=24)
 _IMPLICATING = NODE_CATEGORIES | {Category.HANG, Category.UNKNOWN}
 _PCI = re.compile(r"Xid \((?:PCI:)?([0-9A-Fa-f:.]+)")
-# Contained errors: hardware, but restarting the application is enough (§3.9).
-CONTAINED = frozenset({"xid_94"})
+# Xid outcomes that restart the application without isolating a node.
+_RESTART_ONLY = frozenset({Outcome.RESTART, Outcome.FOLLOW_154})
+_RUNGS = (Remedy.GPU_RESET, Remedy.REBOOT, Remedy.ESCALATE)  # the ladder, cheapest first
 # Lines that show PyTorch's watchdog tore the process down itself.
 _TEARDOWN_SIGNALS = frozenset(
     {"nccl_teardown", "nccl_watchdog_timeout", "nccl_watchdog_exception", "nccl_heartbeat_timeout"}
@@ -79,6 +86,7 @@ def attribute_bundle(
     cat = catalogue or Catalogue.load()
     found = collect(bundle, cat)
     found.items = [f for f in found.items if not _foreign_banner(f, bundle.job.job_id)]
+    found.items = _resolve_xids(found)
     verdict = _decide(bundle, found)
     folded = Counter(f.signature for f in found.by_role(Role.CASCADE, Role.TEARDOWN))
     verdict.folded = dict(sorted(folded.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -90,6 +98,7 @@ def attribute_bundle(
     ):
         _apply_reputation(verdict, bundle, reputation or {}, repeat_offender)
     verdict.corroboration = corroborate(bundle, found, verdict)
+    verdict.remedies = _remedies(verdict)
     verdict.action = default_action(verdict.category, verdict.culprit_nodes, verdict.corroboration)
     if verdict.repeat_offenders:  # drain and check the hardware, whatever the category says
         verdict.action = Action.ISOLATE_AND_RESTART
@@ -149,7 +158,11 @@ def implicated(verdict: Verdict, bundle: Bundle) -> list[str]:
     charged |= {
         e.node
         for e in verdict.evidence
-        if e.trusted and e.role == Role.ROOT.value and e.node in bundle.job.nodes
+        if e.trusted
+        and e.role == Role.ROOT.value
+        and e.node in bundle.job.nodes
+        # An Xid that only restarts the application may be the job's own doing (Xid 13, 31).
+        and (e.xid is None or e.xid.outcome == Outcome.DRAIN.value)
     }
     return sorted(n for n in charged if n is not None)
 
@@ -208,10 +221,9 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
         summary = f"infrastructure: {first.match.text[:160]}"
         return _verdict(category, [], 0.8, same, summary)
 
-    contained = [f for f in roots if f.signature in CONTAINED]
-    if contained:
-        summary = f"contained GPU memory error (Xid 94) on {contained[0].node or '?'}: restart"
-        return _verdict(Category.GPU_HARDWARE, [], 0.8, contained, summary)
+    restarts = [f for f in roots if _restart_only(f)]
+    if restarts:
+        return _xid_restart(restarts)
 
     network = [f for f in roots if f.category is Category.NETWORK]
     if network:
@@ -252,23 +264,15 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
     job = bundle.job
     by_node: dict[str, list[Finding]] = defaultdict(list)
     driver: dict[str, list[Finding]] = defaultdict(list)
-    # A contained error that repeats on the same GPU within a day is the GPU's (§3.9), even
-    # when the earlier ones came before this job.
-    day = (found.first_time - REPEAT_WINDOW) if found.first_time else None
-    history = [f for f in found.stale if f.time is None or day is None or f.time >= day]
-    gpus = Counter(
-        (f.node, _pci(f.match.text)) for f in roots + history if f.signature in CONTAINED
-    )
-    roots = [_repeated(f) if gpus[(f.node, _pci(f.match.text))] >= 2 else f for f in roots]
-    contained_nodes = {f.node for f in roots if f.signature in CONTAINED and f.node}
-    hard_nodes = {
-        f.node for f in roots if f.path.startswith("nodes/") and f.signature not in CONTAINED
+    contained_nodes = {
+        f.node for f in roots if _restart_only(f) and f.category in NODE_CATEGORIES and f.node
     }
+    hard_nodes = {f.node for f in roots if f.path.startswith("nodes/") and not _restart_only(f)}
     for f in roots:
-        if f.category not in NODE_CATEGORIES or f.signature in CONTAINED:
+        if f.category not in NODE_CATEGORIES or _restart_only(f):
             continue
         if f.node in contained_nodes - hard_nodes and f.path == "logs/job.log":
-            continue  # the rank's ECC error is the contained Xid 94 seen from the job
+            continue  # the rank's ECC error is the contained Xid (94) seen from the job
         if f.match.xid in _DRIVER_XIDS and f.node:
             driver[f.node].append(f)
         # An srun hostlist can name several nodes; every other source names one at most.
@@ -317,7 +321,7 @@ def _trusted_hardware_root(bundle: Bundle, roots: list[Finding]) -> bool:
     (a contained error, which a restart clears, is not one)."""
     return any(
         f.category in NODE_CATEGORIES
-        and f.signature not in CONTAINED
+        and not _restart_only(f)
         and f.node in bundle.job.nodes
         and trusted_source(f.path)
         for f in roots
@@ -352,11 +356,107 @@ def _confidence(f: Finding, bundle: Bundle) -> float:
     return 0.7  # a rank label read as a node index: one task per node assumed
 
 
-def _repeated(f: Finding) -> Finding:
-    if f.signature not in CONTAINED:
-        return f
-    renamed = f.match.model_copy(update={"signature": f"{f.signature}_repeated"})
-    return Finding(renamed, f.path, f.node, f.time)
+def _restart_only(f: Finding) -> bool:
+    """An Xid whose catalogue action restarts the application and isolates nothing."""
+    return f.match.xid_outcome in _RESTART_ONLY and f.role is Role.ROOT
+
+
+def _resolve_xids(found: Findings) -> list[Finding]:
+    """The catalogue's rules across lines. An NVLink error that defers to Xid 154
+    (XID_154_EVAL) folds as a cascade where a 154 on the same GPU asks for a reset or reboot
+    (the 154 decides), and restarts the application where none does. A code with a repeat
+    rule (a contained error) that recurs on the same GPU within a day, counting this node's
+    log from before the job, becomes the GPU's: it drains for a GPU reset."""
+    decisive_154 = {
+        (f.node, _pci(f.match.text))
+        for f in found.items
+        if f.match.xid == 154 and f.match.xid_outcome is Outcome.DRAIN
+    }
+    day = (found.first_time - REPEAT_WINDOW) if found.first_time else None
+    history = [f for f in found.stale if f.time is None or day is None or f.time >= day]
+    seen = Counter(
+        (f.match.xid, f.node or "", _pci(f.match.text))
+        for f in found.items + history
+        if _restart_only(f) and f.node
+    )
+    out: list[Finding] = []
+    for f in found.items:
+        gpu = (f.node, _pci(f.match.text))
+        if f.match.xid_outcome is Outcome.FOLLOW_154 and gpu in decisive_154:
+            f = _xid_as(f, role=Role.CASCADE, detail="an Xid 154 on this GPU decides")
+        elif _restart_only(f) and f.match.xid is not None:
+            row = xid_table().row(f.match.xid)
+            times = seen[(f.match.xid, f.node or "", _pci(f.match.text))]
+            if row is not None and row.repeats_convict and times >= row.repeats_convict:
+                detail = f"{times} on this GPU within {REPEAT_WINDOW.total_seconds() / 3600:g} h"
+                f = _xid_as(f, drain=True, detail=detail)
+        out.append(f)
+    return out
+
+
+def _xid_as(f: Finding, *, role: Role | None = None, drain: bool = False, detail: str) -> Finding:
+    update: dict[str, object] = {"xid_detail": f"{f.match.xid_detail}; {detail}"}
+    if role is not None:
+        update["role"] = role
+    if drain:
+        update.update(
+            signature=f"{f.signature}_repeated",
+            category=Category.GPU_HARDWARE,
+            role=Role.ROOT,
+            severity=4,
+            xid_action=Bucket.RESET_GPU.value,
+            xid_outcome=Outcome.DRAIN,
+        )
+    return Finding(f.match.model_copy(update=update), f.path, f.node, f.time)
+
+
+def _xid_restart(restarts: list[Finding]) -> Verdict:
+    """Xids whose catalogue action is to restart the application: restart, isolate nothing. A
+    code the catalogue puts on the application (Xid 13, 31, ...) makes the cause unknown, so a
+    second time holds for a person; one on the GPU (a contained memory error) is hardware."""
+    first = min(restarts, key=_order)
+    hardware = [f for f in restarts if f.category is Category.GPU_HARDWARE]
+    row = xid_table().row(first.match.xid or 0)
+    words = row.words if row else "not in the catalogue"
+    action = first.match.xid_action or "none"
+    summary = (
+        f"Xid {first.match.xid} ({words}) on {first.node or '?'}: NVIDIA's catalogue says "
+        f"{action}, so the job restarts and no node is isolated"
+    )
+    if hardware:
+        return _verdict(Category.GPU_HARDWARE, [], 0.8, restarts, summary)
+    return _verdict(Category.UNKNOWN, [], 0.5, restarts, summary)
+
+
+def _remedies(verdict: Verdict) -> dict[str, str]:
+    """Each culprit's rung on the remediation ladder: the costliest its drained Xids ask for."""
+    out: dict[str, str] = {}
+    for e in verdict.evidence:
+        if e.xid is None or e.xid.remedy is None or e.node not in verdict.culprit_nodes:
+            continue
+        rung = Remedy(e.xid.remedy)
+        if e.node not in out or _RUNGS.index(rung) > _RUNGS.index(Remedy(out[e.node])):
+            out[e.node] = rung.value
+    return out
+
+
+def xid_evidence(f: Finding) -> XidEvidence | None:
+    """The catalogue's say on a finding's Xid line, for the verdict's evidence."""
+    m = f.match
+    if m.xid is None or m.xid_action is None or m.xid_outcome is None:
+        return None
+    row = xid_table().row(m.xid)
+    bucket = Bucket(m.xid_action)
+    remedy = OUTCOMES[bucket][1] if bucket in OUTCOMES else None
+    return XidEvidence(
+        code=m.xid,
+        words=row.words if row else "not in NVIDIA's Xid catalogue",
+        action=m.xid_action,
+        outcome=m.xid_outcome.value,
+        remedy=remedy.value if remedy and m.xid_outcome is Outcome.DRAIN else None,
+        detail=m.xid_detail or "",
+        implicates=(row.implicates if row else Implicates.GPU).value,
+    )
 
 
 def _pci(text: str) -> str:
@@ -462,6 +562,7 @@ def _verdict(
             node=f.node,
             count=counts[(f.signature, f.node, f.path)],
             trusted=trusted_source(f.path) is not None,
+            xid=xid_evidence(f),
         )
         for f in findings[:20]
     ]

@@ -17,13 +17,14 @@ from datetime import datetime
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.literals import MIN_KEYWORD, required_literals
 from relaunch.detection.scanner import make_prefilter
+from relaunch.detection.xids import Implicates, Outcome, Remedy, XidJudgement, judge
 from relaunch.models.recovery import Category
 
 MAX_TEXT = 500
@@ -80,6 +81,10 @@ class Signature(BaseModel):
     source: str = Field(min_length=1)
     examples: list[str] = Field(min_length=1)
     note: str = ""
+    decoder: Literal["xid"] | None = Field(
+        default=None,
+        description="xid: the match's id, category, role and severity come from the Xid table",
+    )
 
     @model_validator(mode="after")
     def _check_pattern(self) -> Signature:
@@ -92,6 +97,8 @@ class Signature(BaseModel):
         unknown = set(compiled.groupindex) - _ALLOWED_GROUPS
         if unknown:
             raise ValueError(f"{self.id}: unsupported named groups {sorted(unknown)}")
+        if self.decoder == "xid" and "xid" not in compiled.groupindex:
+            raise ValueError(f"{self.id}: the xid decoder needs an `xid` group")
         if (self.culprit is Culprit.LINE_HOST) != ("host" in compiled.groupindex):
             raise ValueError(f"{self.id}: a `host` group goes with culprit line_host, and only it")
         if required_literals(self.pattern) is None:
@@ -141,6 +148,13 @@ class SignatureMatch(BaseModel):
         default=None, description="the `host` group as printed (may be a hostlist), or the node"
     )
     xid: int | None = None
+    xid_action: str | None = Field(
+        default=None, description="the Xid catalogue's bucket for the line, after decoding it"
+    )
+    xid_outcome: Outcome | None = Field(
+        default=None, description="what the bucket means: drain, restart, follow_154, ..."
+    )
+    xid_detail: str | None = Field(default=None, description="how the bucket was reached")
     timestamp: datetime | None = Field(default=None, description="the line's own time, in UTC")
 
 
@@ -195,7 +209,13 @@ class Catalogue:
         return [entry.signature for entry in self._entries]
 
     def get(self, signature_id: str) -> Signature:
-        return self._by_id[signature_id]
+        """The entry by id; ``xid_<code>`` (a decoded Xid match) names the Xid entry."""
+        found = self._by_id.get(signature_id)
+        if found is None and signature_id.startswith("xid_"):
+            found = next((s for s in self._by_id.values() if s.decoder == "xid"), None)
+        if found is None:
+            raise KeyError(signature_id)
+        return found
 
     def match_line(
         self, line: str, *, line_no: int, source: str, source_node: str | None = None
@@ -326,11 +346,16 @@ def _build(
     if signature.culprit is Culprit.SOURCE_NODE:
         host = source_node
     xid = groups.get("xid")
+    fields: dict[str, object] = {
+        "signature": signature.id,
+        "category": signature.category,
+        "role": signature.role,
+        "severity": signature.severity,
+    }
+    if signature.decoder == "xid" and xid is not None:
+        fields.update(_xid_fields(judge(int(xid), body[found.end() :])))
     return SignatureMatch(
-        signature=signature.id,
-        category=signature.category,
-        role=signature.role,
-        severity=signature.severity,
+        **fields,
         source=source,
         line_no=line_no,
         text=line.rstrip("\r\n")[:MAX_TEXT],
@@ -341,3 +366,35 @@ def _build(
         xid=int(xid) if xid is not None else None,
         timestamp=line_timestamp(line),
     )
+
+
+# What each outcome of the Xid table makes of a match: its role, and its category by what the
+# code implicates (a restart the application's fault calls for is no hardware verdict).
+_XID_ROLES = {
+    Outcome.DRAIN: Role.ROOT,
+    Outcome.RESTART: Role.ROOT,
+    Outcome.FOLLOW_154: Role.ROOT,
+    Outcome.CONTEXT: Role.CONTEXT,
+    Outcome.TEARDOWN: Role.TEARDOWN,
+}
+
+
+def _xid_fields(j: XidJudgement) -> dict[str, object]:
+    on_hardware = j.implicates in (Implicates.GPU, Implicates.NODE)
+    if j.outcome is Outcome.DRAIN:
+        category, severity = Category.GPU_HARDWARE, 5 if j.remedy is Remedy.REBOOT else 4
+    elif j.outcome in (Outcome.RESTART, Outcome.FOLLOW_154):
+        category, severity = (Category.GPU_HARDWARE if on_hardware else Category.UNKNOWN), 2
+    elif j.outcome is Outcome.CONTEXT:
+        category, severity = (Category.GPU_HARDWARE if on_hardware else Category.UNKNOWN), 1
+    else:
+        category, severity = Category.UNKNOWN, 1
+    return {
+        "signature": f"xid_{j.code}",
+        "category": category,
+        "role": _XID_ROLES[j.outcome],
+        "severity": severity,
+        "xid_action": j.action.value,
+        "xid_outcome": j.outcome,
+        "xid_detail": j.detail,
+    }

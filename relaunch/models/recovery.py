@@ -154,6 +154,20 @@ def task_queue(cluster: str) -> str:
     return f"relaunch-{cluster}"
 
 
+class XidEvidence(BaseModel):
+    """What NVIDIA's Xid catalogue makes of an Xid line (docs/xid-catalogue.md)."""
+
+    code: int
+    words: str = Field(description="the catalogue's short description of the code")
+    action: str = Field(description="the catalogue bucket followed, after decoding the line")
+    outcome: str = Field(description="drain, restart, follow_154, context or teardown")
+    remedy: str | None = Field(
+        default=None, description="for a drain: gpu_reset, reboot or escalate (the ladder's rung)"
+    )
+    detail: str = Field(default="", description="how the action was reached")
+    implicates: str = Field(default="gpu", description="gpu, node, application or none")
+
+
 class EvidenceLine(BaseModel):
     """A line that contributed to a verdict (the `relaunch classify` evidence shape)."""
 
@@ -167,6 +181,9 @@ class EvidenceLine(BaseModel):
     trusted: bool = Field(
         default=False,
         description="from a source the job cannot write (kernel log, telemetry, Slurm, probes)",
+    )
+    xid: XidEvidence | None = Field(
+        default=None, description="for an Xid line: what the Xid catalogue says of it"
     )
 
 
@@ -186,6 +203,10 @@ class Verdict(BaseModel):
     corroboration: dict[str, list[str]] = Field(
         default_factory=dict,
         description="culprit → the trusted sources that confirm it; [] = job-controlled only",
+    )
+    remedies: dict[str, str] = Field(
+        default_factory=dict,
+        description="culprit → the remediation rung its Xids call for: gpu_reset, reboot, escalate",
     )
 
 

@@ -16,7 +16,7 @@ from relaunch.detection.attribution import attribute_bundle
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.bundle import Bundle
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import EvidenceLine, Verdict
+from relaunch.models.recovery import EvidenceLine, Verdict, XidEvidence
 from relaunch.workers.cli_errors import fail
 from relaunch.workers.cli_recovery import config_options, load_config
 from relaunch.workers.terminal import printable
@@ -33,16 +33,26 @@ def classify_json(path: str, verdict: Verdict) -> str:
             "culprit_nodes": sorted(verdict.culprit_nodes),
             "action": verdict.action.value,
             "confidence": round(verdict.confidence, 3),
-            "evidence": [
-                {"source": e.source, "line_no": e.line_no, "text": e.text, "signature": e.signature}
-                for e in verdict.evidence
-            ],
+            "evidence": [_evidence_json(e) for e in verdict.evidence],
             "corroboration": {
                 node: sorted(verdict.corroboration.get(node, []))
                 for node in sorted(verdict.culprit_nodes)
             },
+            "remedies": dict(sorted(verdict.remedies.items())),
         }
     )
+
+
+def _evidence_json(e: EvidenceLine) -> dict[str, object]:
+    out: dict[str, object] = {
+        "source": e.source,
+        "line_no": e.line_no,
+        "text": e.text,
+        "signature": e.signature,
+    }
+    if e.xid is not None:  # the code, the catalogue's decoded action and its words
+        out["xid"] = e.xid.model_dump()
+    return out
 
 
 def explain(bundle: Bundle, verdict: Verdict, *, color: bool) -> str:
@@ -74,6 +84,8 @@ def explain(bundle: Bundle, verdict: Verdict, *, color: bool) -> str:
         out.append(f"folded: {total} cascade/teardown line(s), not decisive: {parts}")
     if verdict.repeat_offenders:
         out.append(f"named by reputation: {', '.join(verdict.repeat_offenders)}")
+    for node, rung in sorted(verdict.remedies.items()):
+        out.append(f"{node}: remedy {rung} (the rung its Xids ask for)")
     for node in verdict.culprit_nodes:
         sources = verdict.corroboration.get(node, [])
         trust = (
@@ -95,7 +107,29 @@ def _line(e: EvidenceLine, style: Callable[[str], str]) -> str:
     copies = f" (×{e.count})" if e.count > 1 else ""
     text = printable(e.text)  # a job's line: its escape sequences never reach the terminal
     text = text if len(text) <= 160 else text[:157] + "..."
-    return f"  {mark} {where} {e.signature}{copies}\n      {style(text)}"
+    out = f"  {mark} {where} {e.signature}{copies}\n      {style(text)}"
+    if e.xid is not None:
+        out += "\n      " + printable(xid_words(e.xid))
+    return out
+
+
+_MEANS = {
+    "drain": "drain",
+    "restart": "restart the job, isolate nothing",
+    "follow_154": "an Xid 154 on the GPU decides; without one, restart",
+    "context": "no action: not a cause",
+    "teardown": "the aftermath of another error",
+}
+_RUNG_WORDS = {"gpu_reset": "a GPU reset", "reboot": "a reboot", "escalate": "a person (support)"}
+
+
+def xid_words(x: XidEvidence) -> str:
+    """One line on what NVIDIA's Xid catalogue says of an Xid and why."""
+    action = x.action or "none (not in the catalogue)"
+    means = _MEANS.get(x.outcome, x.outcome)
+    if x.remedy:
+        means += f"; the node needs {_RUNG_WORDS.get(x.remedy, x.remedy)}"
+    return f"Xid {x.code} ({x.words}): NVIDIA's immediate action {action} → {means} ({x.detail})"
 
 
 def register(cli: click.Group) -> None:

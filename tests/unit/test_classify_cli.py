@@ -44,6 +44,7 @@ def test_classify_json_is_one_object_per_bundle(tmp_path: Path) -> None:
         "confidence",
         "evidence",
         "corroboration",
+        "remedies",
     }
     assert (first["bundle"], first["category"], first["culprit_nodes"]) == (
         str(hw),
@@ -52,18 +53,28 @@ def test_classify_json_is_one_object_per_bundle(tmp_path: Path) -> None:
     )
     assert first["action"] == "isolate_and_restart" and 0 < first["confidence"] <= 1
     assert first["corroboration"] == {"n2": ["kernel_log"]}
+    assert first["remedies"] == {"n2": "reboot"}  # Xid 79: RESTART_BM
     assert first["evidence"][0] == {
         "source": "nodes/n2.log",
         "line_no": 1,
         "text": XID,
         "signature": "xid_79",
+        "xid": {
+            "code": 79,
+            "words": "GPU has fallen off the bus",
+            "action": "RESTART_BM",
+            "outcome": "drain",
+            "remedy": "reboot",
+            "detail": "immediate action RESTART_BM",
+            "implicates": "node",
+        },
     }
     assert (second["category"], second["culprit_nodes"], second["action"]) == (
         "application",
         [],
         "hold",
     )
-    assert second["corroboration"] == {}
+    assert second["corroboration"] == {} and second["remedies"] == {}
 
 
 def test_classify_excludes_a_node_only_the_jobs_output_names(tmp_path: Path) -> None:
