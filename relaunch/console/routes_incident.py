@@ -38,6 +38,7 @@ EVIDENCE_DEFAULTS: dict[str, Any] = {
     "signature": "",
     "text": "",
     "count": 1,
+    "xid": None,
 }
 VERDICT_DEFAULTS: dict[str, Any] = {
     "category": "unknown",

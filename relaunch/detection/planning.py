@@ -201,6 +201,10 @@ def make_plan(
                 "blast-radius guard refused the drain: it runs only on an operator's override"
             )
 
+    remedies = {n: verdict.remedies[n] for n in drain if n in verdict.remedies}
+    if remedies:
+        rungs = ", ".join(f"{n} {rung}" for n, rung in sorted(remedies.items()))
+        reasons.append(f"remedy by the Xid catalogue: {rungs}")
     excluding = action in {Action.ISOLATE_AND_RESTART, Action.EXCLUDE_AND_RESTART}
     fence = [n for n in drain if n in evidence.unreachable_nodes]
     return ActionPlan(
@@ -219,6 +223,7 @@ def make_plan(
         needs_override=needs_override,
         guards=guards,
         reasons=reasons,
+        remedies=remedies,
     )
 
 

@@ -315,6 +315,11 @@ class ActionPlan(BaseModel):
         description="a guard refused this plan: only an operator's approval (audited as an "
         "override) lets it run; autonomous mode holds instead",
     )
+    remedies: dict[str, str] = Field(
+        default_factory=dict,
+        description="drained node → the remediation rung its Xids call for (gpu_reset, reboot, "
+        "escalate): where the node's repair starts",
+    )
 
     @property
     def restarts(self) -> bool:

@@ -118,6 +118,15 @@ async def _seed(config: ClusterConfig, pending: str, done: str, job: str, node: 
                             "role": "root",
                             "node": node,
                             "count": 1,
+                            "xid": {
+                                "code": 79,
+                                "words": "GPU has fallen off the bus",
+                                "action": "RESTART_BM",
+                                "outcome": "drain",
+                                "remedy": "reboot",
+                                "detail": "immediate action RESTART_BM",
+                                "implicates": "node",
+                            },
                         },
                         {
                             "source": "job_log",
@@ -291,6 +300,8 @@ def test_every_page_renders_for_each_role(client: TestClient, env: Env, name: st
     incident = client.get(f"/incidents/{env.pending}").text
     assert 'data-test="timeline"' in incident and 'data-test="evidence-line"' in incident
     assert 'data-decisive="true"' in incident  # the root-cause line is highlighted
+    # What NVIDIA's Xid catalogue says of the line, and the rung the node needs.
+    assert "immediate action RESTART_BM → drain, remedy reboot" in incident
     assert "workflows/" + env.pending in incident  # the Temporal UI link
     nodes = client.get("/nodes").text
     role = dict(USERS)[name]

@@ -228,3 +228,32 @@ def test_a_repeat_offender_is_drained_on_its_trusted_record() -> None:
     bare = verdict.model_copy(update={"corroboration": {"n2": []}})
     q = make_plan(request_id="r", verdict=bare, evidence=EVIDENCE, policy=Policy(), history=history)
     assert q.action is not Action.ISOLATE_AND_RESTART and q.drain_nodes == []
+
+
+def test_a_drained_node_carries_the_rung_its_xids_ask_for() -> None:
+    verdict = Verdict(
+        category=Category.GPU_HARDWARE,
+        culprit_nodes=["n2"],
+        confidence=0.95,
+        action=Action.NONE,
+        corroboration={"n2": ["kernel_log"]},
+        remedies={"n2": "reboot"},
+    )
+    p = make_plan(
+        request_id="r",
+        verdict=verdict,
+        evidence=EVIDENCE,
+        policy=Policy(),
+        history=PlanHistory(partition_size=40),
+    )
+    assert p.drain_nodes == ["n2"] and p.remedies == {"n2": "reboot"}
+    assert "remedy by the Xid catalogue: n2 reboot" in p.reasons
+    # A node already drained by someone else is not drained again, and carries no rung here.
+    again = make_plan(
+        request_id="r",
+        verdict=verdict,
+        evidence=EVIDENCE,
+        policy=Policy(),
+        history=PlanHistory(partition_size=40, already_drained=["n2"]),
+    )
+    assert again.drain_nodes == [] and again.remedies == {}
