@@ -304,7 +304,7 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
     confidence = min(
         [_confidence(f, bundle) for f in evidence] + ([0.85] if set(dead) - set(by_node) else [])
     )
-    parts = [f"{f.signature} on {node}" for node, fs in sorted(by_node.items()) for f in fs[:1]]
+    parts = [f"{_named(f)} on {node}" for node, fs in sorted(by_node.items()) for f in fs[:1]]
     parts += [f"{n} {job.node_states.get(n, 'unreachable')}" for n in dead if n not in by_node]
     cascades = len(found.by_role(Role.CASCADE))
     summary = "; ".join(parts) + f"; {cascades} cascade line(s) on other ranks"
@@ -354,6 +354,14 @@ def _confidence(f: Finding, bundle: Bundle) -> float:
     if bundle.job.ranks is not None:
         return 0.85
     return 0.7  # a rank label read as a node index: one task per node assumed
+
+
+def _named(f: Finding) -> str:
+    """A finding as a verdict's summary names it: an Xid by its catalogue words and action."""
+    row = xid_table().row(f.match.xid) if f.match.xid is not None else None
+    if row is None or f.match.xid_action is None:
+        return f.signature
+    return f"Xid {row.code} ({row.words}; {f.match.xid_action})"
 
 
 def _restart_only(f: Finding) -> bool:

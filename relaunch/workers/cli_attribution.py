@@ -129,7 +129,8 @@ def xid_words(x: XidEvidence) -> str:
     means = _MEANS.get(x.outcome, x.outcome)
     if x.remedy:
         means += f"; the node needs {_RUNG_WORDS.get(x.remedy, x.remedy)}"
-    return f"Xid {x.code} ({x.words}): NVIDIA's immediate action {action} → {means} ({x.detail})"
+    said = f"Xid {x.code} ({x.words}): NVIDIA's immediate action {action} → {means}"
+    return said if x.detail in ("", f"immediate action {x.action}") else f"{said} ({x.detail})"
 
 
 def register(cli: click.Group) -> None:

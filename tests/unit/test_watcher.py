@@ -277,6 +277,32 @@ async def test_kernel_log_xid_on_one_node(scheduler: FakeScheduler, tmp_path: Pa
     assert await watcher.poll_once(T0) == []  # same attempt, same kind, same node
 
 
+async def test_an_xid_the_catalogue_ignores_raises_nothing(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """Issue 19: Xid 63 (a row marked for remapping), 92 (single-bit ECC rate) and an NVLink5
+    error the decode sheet calls non-fatal are context, not interruptions; an NVLink5 error it
+    calls fatal is one."""
+    n2_log = tmp_path / "nodes" / "n2" / "kern.log"
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []
+    append(
+        n2_log,
+        "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping\n"
+        "NVRM: Xid (PCI:0000:10:1c): 92, pid=1896, High single-bit ECC error rate\n"
+        "NVRM: Xid (PCI:0018:01:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 10 "
+        "(0x00000082 0x00000100 0x0 0x0 0x0 0x0)\n",
+    )
+    assert await watcher.poll_once(T0) == []
+    append(
+        n2_log,
+        "NVRM: Xid (PCI:0018:01:00): 145, RLW_REMAP Fatal XC1 i0 Link 10 "
+        "(0x00000082 0x00000040 0x0 0x0 0x0 0x0)\n",
+    )
+    (found,) = await watcher.poll_once(T0)
+    assert (found.kind, found.nodes) == ("signature:xid_145", ["n2"])
+
+
 async def test_a_node_log_is_read_once_per_pass_for_all_its_jobs(
     scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
