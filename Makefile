@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution up down status clean
+.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -60,6 +60,10 @@ bench-recovery: deps
 
 bench-attribution: deps
 	$(PY) bench/attribution.py
+
+# Drain vs no drain against NVIDIA's Xid catalogue, code by code (bench/results/xid_agreement.md).
+bench-xid: deps
+	$(PY) bench/xid_agreement.py
 
 up: deps
 	$(VENV)/bin/relaunch dev up

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.literals import MIN_KEYWORD, required_literals
 from relaunch.detection.scanner import make_prefilter
-from relaunch.detection.xids import Implicates, Outcome, Remedy, XidJudgement, judge
+from relaunch.detection.xids import Implicates, Outcome, Remedy, judge, reads_the_line
 from relaunch.models.recovery import Category
 
 MAX_TEXT = 500
@@ -353,7 +353,9 @@ def _build(
         "severity": signature.severity,
     }
     if signature.decoder == "xid" and xid is not None:
-        fields.update(_xid_fields(judge(int(xid), body[found.end() :])))
+        code = int(xid)
+        rest = body[found.end() : found.end() + 512] if reads_the_line(code) else ""
+        fields.update(_xid_fields(code, rest))
     return SignatureMatch(
         **fields,
         source=source,
@@ -379,7 +381,11 @@ _XID_ROLES = {
 }
 
 
-def _xid_fields(j: XidJudgement) -> dict[str, object]:
+@functools.lru_cache(maxsize=4096)
+def _xid_fields(code: int, rest: str) -> dict[str, object]:
+    """The Xid table's judgement as match fields; cached: most codes are judged by the code
+    alone, and an Xid flood repeats one line (NVSentinel saw 800K Xid 95 lines, 29 texts)."""
+    j = judge(code, rest)
     on_hardware = j.implicates in (Implicates.GPU, Implicates.NODE)
     if j.outcome is Outcome.DRAIN:
         category, severity = Category.GPU_HARDWARE, 5 if j.remedy is Remedy.REBOOT else 4

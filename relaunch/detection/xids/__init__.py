@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from relaunch.detection.xids.decode import decode_nvlink5, decode_xid74, decode_xid154
 from relaunch.detection.xids.table import (
+    DECODED,
     OUTCOMES,
     Bucket,
     Implicates,
@@ -32,6 +33,7 @@ __all__ = [
     "XidRow",
     "XidTable",
     "judge",
+    "reads_the_line",
     "xid_table",
 ]
 
@@ -51,6 +53,13 @@ class XidJudgement:
     @property
     def drains(self) -> bool:
         return self.outcome is Outcome.DRAIN
+
+
+def reads_the_line(code: int) -> bool:
+    """Whether the judgement on ``code`` depends on the rest of its line (Xid 74, 144–150,
+    154), rather than on the code alone."""
+    row = xid_table().row(code)
+    return row is not None and row.action in DECODED
 
 
 def judge(code: int, rest: str = "", table: XidTable | None = None) -> XidJudgement:
