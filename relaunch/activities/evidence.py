@@ -10,7 +10,6 @@ import contextlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from pydantic import BaseModel
 from temporalio import activity
 
 from relaunch.activities.deps import Deps, typed_errors
@@ -31,11 +30,12 @@ from relaunch.models.recovery import (
     ActionPlan,
     AttributeInput,
     Category,
-    Detection,
     EvidenceSummary,
     GatherInput,
     JobSnapshot,
     PlanInput,
+    RecordDetectionInput,
+    RecordEventInput,
     Verdict,
 )
 from relaunch.models.scheduler import Job, Node
@@ -47,25 +47,6 @@ PROBE_TRIES = 2
 PROBE_PAUSE_S = 0.5
 PROBE_TIMEOUT_S = 1.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class RecordDetectionInput(BaseModel):
-    incident_id: str
-    detection: Detection
-
-
-class RecordEventInput(BaseModel):
-    incident_id: str
-    cluster: str | None = None
-    job_id: str | None = None
-    attempt: int | None = None
-    kind: str
-    summary: str
-    stage: str | None = None
-    actor: str = "relaunch"
-    nodes: list[str] = []
-    data: dict[str, object] = {}
-    dedupe: str | None = None
 
 
 def _int_or_none(text: str | None) -> int | None:

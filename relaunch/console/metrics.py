@@ -32,7 +32,7 @@ from starlette.routing import Route
 from relaunch.console.auth import Role
 from relaunch.console.queries import ConsoleDb
 from relaunch.console.web import authenticate, console, require
-from relaunch.models.recovery import TERMINAL_STAGES
+from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TO_ACTION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
@@ -74,9 +74,9 @@ _ACTIONS = """
     from audit_events where kind = 'action' group by 1, 2
 """
 
-_PENDING = """
+_PENDING = f"""
     select count(*) from audit_events a
-    where a.kind = 'stage' and a.stage = 'awaiting_approval'
+    where a.kind = 'stage' and a.stage = '{Stage.AWAITING_APPROVAL.value}'
       and not exists (select 1 from audit_events l where l.incident_id = a.incident_id
                       and l.kind = 'stage' and l.id > a.id)
 """
@@ -99,7 +99,7 @@ SNAPSHOT_SQL = f"""
            ({_PENDING}) as pending,
            {_agg(_REFUSALS)} as refusals
 """
-assert all(s.value != "awaiting_approval" for s in TERMINAL_STAGES)
+assert Stage.AWAITING_APPROVAL not in TERMINAL_STAGES
 
 
 def _histogram(

@@ -28,7 +28,7 @@ from relaunch.connectors.audit import (
     migrate,
 )
 from relaunch.console.kpis import IncidentTimes
-from relaunch.models.recovery import TERMINAL_STAGES
+from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
 
 T = TypeVar("T")
 
@@ -223,9 +223,11 @@ class ConsoleDb:
         sql = (
             f"with picked as ({_OPEN})"
             + _SUMMARY_SQL
-            + " where s.stage = 'awaiting_approval' order by s.at"
+            + " where s.stage = %(awaiting)s order by s.at"
         )
-        rows = await self._rows(sql, {"terminal": TERMINAL})
+        rows = await self._rows(
+            sql, {"terminal": TERMINAL, "awaiting": Stage.AWAITING_APPROVAL.value}
+        )
         return [IncidentSummary.model_validate(r) for r in rows]
 
     async def categories(self, since: datetime) -> dict[str, int]:

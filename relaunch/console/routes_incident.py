@@ -25,7 +25,8 @@ from relaunch.console.web import (
     require_post,
 )
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import TERMINAL_STAGES, Approval, Stage
+from relaunch.models.recovery import Approval
+from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
 
 DECISIVE_ROLES = {"root", "confirm"}
 MAX_REASON = 500

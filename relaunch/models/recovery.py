@@ -10,7 +10,14 @@ import re
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+from relaunch.models.search_attributes import TERMINAL_STAGES as TERMINAL_STAGES
+from relaunch.models.search_attributes import Stage as Stage
+
+# The inputs of activities and of the `decide` update: a field the receiver does not know is an
+# error (retried until a worker that knows it takes the task), never silently dropped.
+STRICT = ConfigDict(extra="forbid")
 
 
 class Category(StrEnum):
@@ -44,29 +51,6 @@ class Mode(StrEnum):
 class RestartMethod(StrEnum):
     REQUEUE = "requeue"
     RESUBMIT = "resubmit"
-
-
-class Stage(StrEnum):
-    """Where a recovery is; the value of the RelaunchStage search attribute."""
-
-    GATHERING = "gathering"
-    ATTRIBUTING = "attributing"
-    PLANNING = "planning"
-    AWAITING_APPROVAL = "awaiting_approval"
-    ISOLATING = "isolating"
-    ACTING = "acting"
-    VERIFYING = "verifying"
-    DONE = "done"
-    HELD = "held"
-    NO_ACTION = "no_action"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    FAILED = "failed"
-
-
-TERMINAL_STAGES = frozenset(
-    {Stage.DONE, Stage.HELD, Stage.NO_ACTION, Stage.REJECTED, Stage.EXPIRED, Stage.FAILED}
-)
 
 
 class DetectionSource(StrEnum):
@@ -259,6 +243,8 @@ class JobSnapshot(BaseModel):
 
 
 class GatherInput(BaseModel):
+    model_config = STRICT
+
     incident_id: str
     cluster: str
     job_id: str
@@ -274,6 +260,8 @@ class EvidenceSummary(BaseModel):
 
 
 class AttributeInput(BaseModel):
+    model_config = STRICT
+
     incident_id: str
     bundle_path: str
 
@@ -285,6 +273,8 @@ class GuardDecision(BaseModel):
 
 
 class PlanInput(BaseModel):
+    model_config = STRICT
+
     incident_id: str
     cluster: str
     verdict: Verdict
@@ -336,7 +326,50 @@ class Approval(BaseModel):
     reason: str = ""
 
 
+class Decision(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class DecisionInput(BaseModel):
+    """Input of the `decide` update: a person's decision on the plan awaiting approval."""
+
+    model_config = STRICT
+
+    decision: Decision
+    approval: Approval
+
+
+class RecordDetectionInput(BaseModel):
+    """Input of the `record_detection` activity: one detection of this incident."""
+
+    model_config = STRICT
+
+    incident_id: str
+    detection: Detection
+
+
+class RecordEventInput(BaseModel):
+    """Input of the `record_event` activity: one audit row of this incident."""
+
+    model_config = STRICT
+
+    incident_id: str
+    cluster: str | None = None
+    job_id: str | None = None
+    attempt: int | None = None
+    kind: str
+    summary: str
+    stage: str | None = None
+    actor: str = "relaunch"
+    nodes: list[str] = Field(default_factory=list)
+    data: dict[str, object] = Field(default_factory=dict)
+    dedupe: str | None = None
+
+
 class ActInput(BaseModel):
+    model_config = STRICT
+
     incident_id: str
     cluster: str
     plan: ActionPlan
@@ -352,6 +385,8 @@ class StepOutcome(BaseModel):
 
 
 class VerifyInput(BaseModel):
+    model_config = STRICT
+
     incident_id: str
     cluster: str
     job_id: str

@@ -17,7 +17,12 @@ from pydantic import ValidationError
 from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import Approval, parse_recovery_id, same_attempt_ids
+from relaunch.models.recovery import (
+    Approval,
+    RecoveryStatus,
+    parse_recovery_id,
+    same_attempt_ids,
+)
 from relaunch.workers.cli_errors import fail as _fail
 from relaunch.workers.terminal import printable
 
@@ -108,16 +113,10 @@ def register(cli: click.Group) -> None:
 
         async def go() -> None:
             client = await connect(config)
-            before = await recovery_client.decide(
+            decided = await recovery_client.decide(
                 client, incident, decision, Approval(by=by, reason=reason)
             )
-            plan = before.plan
-            click.echo(f"{PAST[decision]} {before.incident_id or incident} as {by}")
-            if plan is not None and decision == "approve":
-                click.echo(
-                    f"  plan: {plan.action.value}"
-                    + (f", drain {','.join(plan.drain_nodes)}" if plan.drain_nodes else "")
-                )
+            click.echo(outcome(decision, incident, by, decided))
 
         try:
             asyncio.run(go())
@@ -128,8 +127,9 @@ def register(cli: click.Group) -> None:
 
         @cli.command(
             decision,
-            help=f"{decision.capitalize()} the plan an incident recommends "
-            "(monitor mode). Sends the same signal as the Temporal UI.",
+            help=f"{decision.capitalize()} the plan an incident recommends (monitor mode), "
+            "by the workflow's `decide` update. Refused, with the reason and a non-zero exit, "
+            "when the incident awaits no decision.",
         )
         @click.argument("incident")
         @click.option("--by", required=True, help="Who decides (recorded in the audit trail).")
@@ -223,6 +223,18 @@ def register(cli: click.Group) -> None:
         click.echo(format_timeline(meant, events, config))
         if others:
             click.echo(f"same job id and attempt, another job: {', '.join(others)}")
+
+
+def outcome(decision: str, incident: str, by: str, decided: RecoveryStatus) -> str:
+    """What `relaunch approve` / `relaunch reject` print once the recovery took the decision."""
+    line = f"{PAST[decision]} {decided.incident_id or incident} as {by}"
+    plan = decided.plan
+    if plan is None:
+        return line
+    if decision == "approve":
+        drain = f", drain {','.join(plan.drain_nodes)}" if plan.drain_nodes else ""
+        return f"{line}\n  the recovery goes on: {plan.action.value}{drain}"
+    return f"{line}\n  the recovery ends without acting on: {plan.action.value}"
 
 
 async def resolve_incident(store: AuditStore, typed: str) -> tuple[str, list[str]]:

@@ -18,15 +18,20 @@ from temporalio.client import (
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from relaunch.models import search_attributes as sa
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import (
     Approval,
+    Decision,
+    DecisionInput,
     Detection,
     RecoveryInput,
     RecoveryStatus,
@@ -139,7 +144,7 @@ async def _later_jobs(client: Client, typed: str) -> list[str]:
     if not (_VISIBILITY_VALUE.fullmatch(cluster) and _VISIBILITY_VALUE.fullmatch(job_id)):
         return []
     found: list[tuple[datetime, str]] = []
-    query = f'RelaunchCluster = "{cluster}" AND RelaunchJobId = "{job_id}"'
+    query = f'{sa.CLUSTER.name} = "{cluster}" AND {sa.JOB_ID.name} = "{job_id}"'
     async for wf in client.list_workflows(query):
         if wf.id != typed and same_attempt_ids(typed, [wf.id]):
             found.append((wf.start_time, wf.id))
@@ -176,18 +181,38 @@ async def status(client: Client, incident: str) -> RecoveryStatus:
 async def decide(
     client: Client, incident: str, decision: str, approval: Approval
 ) -> RecoveryStatus:
-    """Send approve/reject — the same signal the UI and `temporal workflow signal` send — to the
-    recovery ``incident`` means (see :func:`resolve`); its status before the decision."""
+    """Put a person's approve/reject to the recovery ``incident`` means (see :func:`resolve`)
+    as the workflow's `decide` update; its status with the decision taken. A recovery that
+    awaits no decision (another stage, or already decided) refuses it, and nothing is sent
+    in its place: the RelaunchError says why."""
+    inp = DecisionInput(decision=Decision(decision), approval=approval)
     try:
         incident = await resolve(client, incident, awaiting=True)
+        handle = await _handle(client, incident)
+        return await handle.execute_update(RecoveryWorkflow.decide, inp)
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        why = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
+        raise RelaunchError(f"incident {incident}: {why}") from exc
     except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:  # no such recovery, or it has ended
+            why = await _ended(client, incident, exc)
+            raise RelaunchError(f"incident {incident}: {why}") from exc
         raise RelaunchError(f"incident {incident}: {exc.message}") from exc
-    current = await status(client, incident)
-    if not current.awaiting_approval:
-        raise RelaunchError(
-            f"incident {incident} is not awaiting approval (stage {current.stage.value})"
-        )
-    handle = await _handle(client, incident)
-    signal = RecoveryWorkflow.approve if decision == "approve" else RecoveryWorkflow.reject
-    await handle.signal(signal, approval)
-    return current
+
+
+async def _ended(client: Client, incident: str, exc: RPCError) -> str:
+    """Why a recovery the server has no running workflow for takes no decision: its final
+    stage when it ran, else the server's word."""
+    try:
+        final = await _query(client, incident)
+    except (RPCError, WorkflowQueryFailedError):
+        return exc.message
+    return _refused(final)
+
+
+def _refused(current: RecoveryStatus) -> str:
+    """Why a recovery in this state takes no decision."""
+    if current.decided_by:
+        return f"already decided by {current.decided_by} (stage {current.stage.value})"
+    return f"not awaiting approval (stage {current.stage.value})"

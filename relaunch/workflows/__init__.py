@@ -1,1 +1,1 @@
-"""Sandbox-safe orchestration: the RecoveryWorkflow (the recovery-loop milestone)."""
+"""Sandbox-safe orchestration: the RecoveryWorkflow, one durable workflow per job attempt."""

@@ -3,32 +3,41 @@
 gather evidence → attribute → plan → (monitor mode: wait for approve / reject / expiry) →
 isolate → restart → verify. A plan a guard refused runs only on an operator's approval (an
 override); autonomous mode holds it, and a drain that `isolate` refuses holds the job too.
+A decision comes by the `decide` update, whose validator refuses it unless one is awaited, or by
+the `approve` / `reject` signals (the Temporal UI's), which are audited when they come too late.
 Orchestration only: every decision and side effect is an activity, so its result is in the
 history and the audit trail.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TypeVar, cast
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from relaunch.activities.actions import ActionActivities
+    from relaunch.activities.evidence import EvidenceActivities
+    from relaunch.models import search_attributes as sa
     from relaunch.models.recovery import (
         ActInput,
         Action,
         ActionPlan,
         Approval,
         AttributeInput,
+        Decision,
+        DecisionInput,
         Detection,
-        EvidenceSummary,
         GatherInput,
         Mode,
         PlanInput,
+        RecordDetectionInput,
+        RecordEventInput,
         RecoveryInput,
         RecoveryStatus,
         Stage,
@@ -38,15 +47,25 @@ with workflow.unsafe.imports_passed_through():
         recovery_workflow_id,
     )
 
-SA_CLUSTER = SearchAttributeKey.for_keyword("RelaunchCluster")
-SA_JOB = SearchAttributeKey.for_keyword("RelaunchJobId")
-SA_CATEGORY = SearchAttributeKey.for_keyword("RelaunchCategory")
-SA_STAGE = SearchAttributeKey.for_keyword("RelaunchStage")
-SA_MODE = SearchAttributeKey.for_keyword("RelaunchMode")
-SA_NODES = SearchAttributeKey.for_keyword_list("RelaunchNodes")
-SA_AWAITING = SearchAttributeKey.for_bool("RelaunchAwaitingApproval")
 
-T = TypeVar("T")
+def _keyword(attr: sa.SearchAttribute) -> SearchAttributeKey[str]:
+    assert attr.kind == "Keyword", attr
+    return SearchAttributeKey.for_keyword(attr.name)
+
+
+SA_CLUSTER = _keyword(sa.CLUSTER)
+SA_JOB = _keyword(sa.JOB_ID)
+SA_CATEGORY = _keyword(sa.CATEGORY)
+SA_STAGE = _keyword(sa.STAGE)
+SA_MODE = _keyword(sa.MODE)
+assert sa.NODES.kind == "KeywordList"
+SA_NODES = SearchAttributeKey.for_keyword_list(sa.NODES.name)
+assert sa.AWAITING_APPROVAL.kind == "Bool"
+SA_AWAITING = SearchAttributeKey.for_bool(sa.AWAITING_APPROVAL.name)
+
+A = TypeVar("A")
+R = TypeVar("R")
+PAST = {Decision.APPROVE: "approved", Decision.REJECT: "rejected"}
 
 
 @dataclass(frozen=True)
@@ -106,6 +125,15 @@ ACT = CallPolicy(
     heartbeat=timedelta(seconds=15),
 )
 
+# The steps that read Slurm, the job's nodes (probes, SSH), the log store and the database at
+# length: gather_evidence and plan (see IO_STEPS_AS_ACTIVITIES). Ordinary activities, each
+# attempt bounded by its own timeout, retried through an outage as the quick steps are.
+INVESTIGATE = CallPolicy(
+    timedelta(seconds=120),
+    OUTAGE_RETRY,
+    give_up_after=OUTAGE_TOLERANCE,
+)
+
 
 # Recoveries started after this patch run their quick steps (audit records, evidence,
 # attribution, planning) as local activities: in the worker, inside the workflow task, without a
@@ -113,6 +141,21 @@ ACT = CallPolicy(
 # of recoveries start at once and the server's queue dispatch is what paces them. Actions stay
 # ordinary activities (heartbeats, retries on another worker). Older histories replay unpatched.
 LOCAL_QUICK_STEPS = "local-quick-steps"
+
+# Recoveries started after this patch run gather_evidence and plan (seconds of Slurm, SSH, log
+# store and database reads) as ordinary activities (INVESTIGATE): a local activity holds the
+# workflow task for as long as it runs. Local activities stay for what takes milliseconds (audit
+# rows, attribution of the gathered bundle). Older histories replay unpatched.
+IO_STEPS_AS_ACTIVITIES = "io-steps-as-activities"
+
+# Recoveries started after this patch set the RelaunchStage search attribute on every stage,
+# attributing and planning included (older ones set it only on the stages they record).
+STAGE_ATTRIBUTE_EVERY_STAGE = "stage-attribute-every-stage"
+
+# Recoveries started after this patch record an approve or reject signal that came when no
+# decision was awaited (another stage, or already decided) as a `late_decision` audit row;
+# older ones only logged it.
+LATE_DECISIONS_RECORDED = "late-decisions-recorded"
 
 # Recoveries started after this patch act on a guard's refusal: a plan a guard refused
 # (needs_override) is put to a human as an override in monitor mode and held in autonomous mode;
@@ -128,38 +171,34 @@ JOB_LEFT_SLURM = "job-left-slurm"
 
 
 async def call(
-    name: str,
-    arg: object,
-    result_type: type[T],
+    step: Callable[[Any, A], Awaitable[R]],
+    arg: A,
     policy: CallPolicy,
     summary: str,
     *,
     local: bool = False,
-) -> T:
-    """Run an activity by name with its policy; its result typed by ``result_type``."""
+) -> R:
+    """Run the activity method ``step`` (its name and result type from its definition) with
+    its policy, as a local activity with ``local``."""
     if local:
-        result = await workflow.execute_local_activity(
-            name,
+        return await workflow.execute_local_activity_method(
+            step,
             arg,
-            result_type=result_type,
             start_to_close_timeout=policy.timeout,
             schedule_to_close_timeout=policy.give_up_after,
             retry_policy=policy.retry,
             local_retry_threshold=policy.local_retry_threshold,
             summary=summary,
         )
-    else:
-        result = await workflow.execute_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=policy.timeout,
-            schedule_to_close_timeout=policy.give_up_after,
-            heartbeat_timeout=policy.heartbeat,
-            retry_policy=policy.retry,
-            summary=summary,
-        )
-    return cast(T, result)
+    return await workflow.execute_activity_method(
+        step,
+        arg,
+        start_to_close_timeout=policy.timeout,
+        schedule_to_close_timeout=policy.give_up_after,
+        heartbeat_timeout=policy.heartbeat,
+        retry_policy=policy.retry,
+        summary=summary,
+    )
 
 
 def _job_not_found(err: ActivityError | ApplicationError) -> bool:
@@ -167,6 +206,13 @@ def _job_not_found(err: ActivityError | ApplicationError) -> bool:
     error comes wrapped in an ActivityError; a local activity's, as it was raised)."""
     cause = err.cause if isinstance(err, ActivityError) else err
     return isinstance(cause, ApplicationError) and cause.type == "JobNotFoundError"
+
+
+class NotAwaitingApprovalError(ApplicationError):
+    """A decision the recovery does not take now: it awaits none, or one was already made."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why, type="NotAwaitingApproval", non_retryable=True)
 
 
 @workflow.defn
@@ -178,26 +224,52 @@ class RecoveryWorkflow:
         self._mode: Mode | None = None
         self._verdict: Verdict | None = None
         self._plan: ActionPlan | None = None
-        self._decision: tuple[str, Approval] | None = None
-        self._deadline_s: float | None = None
+        self._decision: tuple[Decision, Approval] | None = None
+        self._deadline: datetime | None = None
         self._detections = 0
+        self._late_decisions = 0
         self._outcome = ""
-        self._local: bool | None = None
-        self._guards_patched: bool | None = None
+        self._patches: dict[str, bool] = {}
+
+    def _patched(self, patch_id: str) -> bool:
+        """``workflow.patched(patch_id)``, asked once per run and remembered."""
+        if patch_id not in self._patches:
+            self._patches[patch_id] = workflow.patched(patch_id)
+        return self._patches[patch_id]
+
+    def _ask_patches(self) -> None:
+        """Ask the patches in the run's first workflow task, before any local activity ends.
+
+        A replay resolves a local activity from its marker at once, which can carry the code
+        past the end of the workflow task the run was in (a query or a signal ends a workflow
+        task early): a patch first asked there would not find its marker, and the replay would
+        fail. Asked here, every patch's marker is in the first workflow task. The patches of
+        older versions are asked here too in recoveries started with IO_STEPS_AS_ACTIVITIES;
+        older recoveries keep asking them where they did."""
+        for patch_id in (
+            IO_STEPS_AS_ACTIVITIES,
+            STAGE_ATTRIBUTE_EVERY_STAGE,
+            LATE_DECISIONS_RECORDED,
+        ):
+            self._patched(patch_id)
+        if self._patched(IO_STEPS_AS_ACTIVITIES):
+            self._patched(GUARD_REFUSALS)
+            self._patched(JOB_LEFT_SLURM)
 
     @property
     def _quick_local(self) -> bool:
         """Whether this recovery runs its quick steps locally (see LOCAL_QUICK_STEPS)."""
-        if self._local is None:
-            self._local = workflow.patched(LOCAL_QUICK_STEPS)
-        return self._local
+        return self._patched(LOCAL_QUICK_STEPS)
+
+    @property
+    def _io_local(self) -> bool:
+        """Whether gather_evidence and plan run locally (see IO_STEPS_AS_ACTIVITIES)."""
+        return self._quick_local and not self._patched(IO_STEPS_AS_ACTIVITIES)
 
     @property
     def _acts_on_refusals(self) -> bool:
         """Whether this recovery acts on guard refusals (see GUARD_REFUSALS)."""
-        if self._guards_patched is None:
-            self._guards_patched = workflow.patched(GUARD_REFUSALS)
-        return self._guards_patched
+        return self._patched(GUARD_REFUSALS)
 
     # ------------------------------------------------------------------ messages
 
@@ -207,50 +279,96 @@ class RecoveryWorkflow:
         self._detections += 1
         incident = self._incident or det.workflow_id
         await call(
-            "record_detection",
-            {"incident_id": incident, "detection": det},
-            bool,
+            EvidenceActivities.record_detection,
+            RecordDetectionInput(incident_id=incident, detection=det),
             RECORD,
             f"detection: {det.kind}",
             local=self._quick_local,
         )
 
     @workflow.signal
-    def approve(self, approval: Approval) -> None:
-        self._decide("approve", approval)
+    async def approve(self, approval: Approval) -> None:
+        """Approve the plan awaiting approval (the Temporal UI's and `temporal workflow
+        signal`'s way; `relaunch approve` uses the `decide` update)."""
+        await self._signalled(Decision.APPROVE, approval)
 
     @workflow.signal
-    def reject(self, approval: Approval) -> None:
-        self._decide("reject", approval)
+    async def reject(self, approval: Approval) -> None:
+        """Reject the plan awaiting approval (see ``approve``)."""
+        await self._signalled(Decision.REJECT, approval)
 
-    def _decide(self, decision: str, approval: Approval) -> None:
-        if self._stage is not Stage.AWAITING_APPROVAL or self._decision is not None:
-            workflow.logger.warning(
-                "ignored %s by %s in stage %s", decision, approval.by, self._stage.value
-            )
-            return
-        self._decision = (decision, approval)
+    @workflow.update
+    def decide(self, inp: DecisionInput) -> RecoveryStatus:
+        """A person's decision on the plan awaiting approval; the status with it taken."""
+        self._decision = (inp.decision, inp.approval)
+        return self.status()
+
+    @decide.validator
+    def _decide_allowed(self, inp: DecisionInput) -> None:
+        """Refuse a decision when none is awaited, saying why."""
+        why = self._not_awaiting()
+        if why is not None:
+            raise NotAwaitingApprovalError(f"{inp.decision.value} refused: {why}")
 
     @workflow.query
     def status(self) -> RecoveryStatus:
+        awaiting = self._stage is Stage.AWAITING_APPROVAL
         return RecoveryStatus(
             incident_id=self._incident,
             stage=self._stage,
             mode=self._mode,
             verdict=self._verdict,
             plan=self._plan,
-            awaiting_approval=self._stage is Stage.AWAITING_APPROVAL,
-            approval_deadline=(
-                workflow.now() + timedelta(seconds=self._deadline_s)
-                if self._deadline_s is not None and self._stage is Stage.AWAITING_APPROVAL
-                else None
-            ),
+            awaiting_approval=awaiting,
+            approval_deadline=self._deadline if awaiting else None,
             decided_by=self._decision[1].by if self._decision else None,
             detections=self._detections,
             outcome=self._outcome,
         )
 
+    def _not_awaiting(self) -> str | None:
+        """Why a decision cannot be taken now (None: the recovery awaits one)."""
+        if self._decision is not None:
+            decision, by = self._decision
+            return f"already {PAST[decision]} by {by.by}"
+        if self._stage is not Stage.AWAITING_APPROVAL:
+            return f"not awaiting approval (stage {self._stage.value})"
+        return None
+
+    async def _signalled(self, decision: Decision, approval: Approval) -> None:
+        """An approve or reject signal: the decision when one is awaited; otherwise ignored,
+        and (LATE_DECISIONS_RECORDED) put in the audit trail as a late decision."""
+        why = self._not_awaiting()
+        if why is None:
+            self._decision = (decision, approval)
+            return
+        workflow.logger.warning("ignored %s by %s: %s", decision.value, approval.by, why)
+        if not self._patched(LATE_DECISIONS_RECORDED):
+            return
+        self._late_decisions += 1
+        await self._record(
+            "late_decision",
+            f"{decision.value} by {approval.by} ignored: {why}"
+            + (f" (reason: {approval.reason})" if approval.reason else ""),
+            actor=approval.by,
+            dedupe=f"late_decision:{self._late_decisions}",
+            data={
+                "decision": decision.value,
+                "by": approval.by,
+                "reason": approval.reason,
+                "stage": self._stage.value,
+                "decided_by": self._decision[1].by if self._decision else None,
+            },
+        )
+
     # ------------------------------------------------------------------ helpers
+
+    def _enter(self, stage: Stage) -> None:
+        """Enter a stage that has no audit row of its own (attributing, planning); its search
+        attribute follows (STAGE_ATTRIBUTE_EVERY_STAGE)."""
+        self._stage = stage
+        if self._patched(STAGE_ATTRIBUTE_EVERY_STAGE):
+            workflow.upsert_search_attributes([SA_STAGE.value_set(stage.value)])
 
     async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:
         self._stage = stage
@@ -275,22 +393,22 @@ class RecoveryWorkflow:
         dedupe: str | None = None,
         data: dict[str, object] | None = None,
     ) -> None:
+        inp = self._input
         await call(
-            "record_event",
-            {
-                "incident_id": self._incident,
-                "cluster": self._input.cluster if self._input else None,
-                "job_id": self._input.job_id if self._input else None,
-                "attempt": self._input.attempt if self._input else None,
-                "kind": kind,
-                "summary": summary,
-                "stage": stage,
-                "actor": actor,
-                "nodes": nodes or [],
-                "data": data or {},
-                "dedupe": dedupe,
-            },
-            bool,
+            EvidenceActivities.record_event,
+            RecordEventInput(
+                incident_id=self._incident or workflow.info().workflow_id,
+                cluster=inp.cluster if inp else None,
+                job_id=inp.job_id if inp else None,
+                attempt=inp.attempt if inp else None,
+                kind=kind,
+                summary=summary,
+                stage=stage,
+                actor=actor,
+                nodes=nodes or [],
+                data=data or {},
+                dedupe=dedupe,
+            ),
             RECORD,
             f"audit: {kind}",
             local=self._quick_local,
@@ -306,6 +424,7 @@ class RecoveryWorkflow:
 
     @workflow.run
     async def run(self, inp: RecoveryInput) -> RecoveryStatus:
+        self._ask_patches()
         self._incident = inp.incident_id or recovery_workflow_id(
             inp.cluster, inp.job_id, inp.attempt
         )
@@ -316,31 +435,30 @@ class RecoveryWorkflow:
         )
         await self._stage_to(Stage.GATHERING, "gathering evidence")
         try:
+            local = self._io_local
             evidence = await call(
-                "gather_evidence",
+                EvidenceActivities.gather_evidence,
                 GatherInput(
                     incident_id=self._incident,
                     cluster=inp.cluster,
                     job_id=inp.job_id,
                     attempt=inp.attempt,
                 ),
-                EvidenceSummary,
-                OBSERVE,
+                OBSERVE if local else INVESTIGATE,
                 f"gather evidence for job {inp.job_id}",
-                local=self._quick_local,
+                local=local,
             )
         except (ActivityError, ApplicationError) as err:
             # Nothing is left to recover: say so in the trail rather than fail the workflow.
-            if not (_job_not_found(err) and workflow.patched(JOB_LEFT_SLURM)):
+            if not (_job_not_found(err) and self._patched(JOB_LEFT_SLURM)):
                 raise
             return await self._finish(
                 Stage.NO_ACTION, f"job {inp.job_id} no longer known to Slurm: no action"
             )
-        self._stage = Stage.ATTRIBUTING
+        self._enter(Stage.ATTRIBUTING)
         verdict = await call(
-            "attribute",
+            EvidenceActivities.attribute,
             AttributeInput(incident_id=self._incident, bundle_path=evidence.bundle_path),
-            Verdict,
             OBSERVE,
             "attribute",
             local=self._quick_local,
@@ -352,9 +470,10 @@ class RecoveryWorkflow:
                 SA_NODES.value_set(verdict.culprit_nodes),
             ]
         )
-        self._stage = Stage.PLANNING
+        self._enter(Stage.PLANNING)
+        local = self._io_local
         plan = await call(
-            "plan",
+            EvidenceActivities.plan,
             PlanInput(
                 incident_id=self._incident,
                 cluster=inp.cluster,
@@ -362,10 +481,9 @@ class RecoveryWorkflow:
                 evidence=evidence,
                 policy=policy,
             ),
-            ActionPlan,
-            OBSERVE,
+            OBSERVE if local else INVESTIGATE,
             "plan",
-            local=self._quick_local,
+            local=local,
         )
         self._plan, self._mode = plan, plan.mode
         workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
@@ -380,7 +498,7 @@ class RecoveryWorkflow:
         if override and plan.mode is Mode.AUTONOMOUS:
             # Only a person may override a guard; the held stage notifies the operators.
             try:
-                held = await self._act("hold", act)
+                held = await self._act(ActionActivities.hold, act)
             except ActivityError as err:
                 return await self._failed(err)
             return await self._finish(
@@ -389,7 +507,6 @@ class RecoveryWorkflow:
 
         # Holding does nothing irreversible (the job is left for a human), so it needs no approval.
         if plan.mode is Mode.MONITOR and plan.action is not Action.HOLD:
-            self._deadline_s = policy.approval_timeout_s
             recommend = f"recommend {plan.action.value}: " + "; ".join(plan.reasons)
             if override:
                 recommend = f"guard refused ({refused}), approving overrides it: {recommend}"
@@ -399,6 +516,8 @@ class RecoveryWorkflow:
                 request_id=plan.request_id,
                 **({"override": True} if override else {}),
             )
+            # The absolute deadline, fixed when the expiry timer starts: `status` reports it.
+            self._deadline = workflow.now() + timedelta(seconds=policy.approval_timeout_s)
             try:
                 await workflow.wait_condition(
                     lambda: self._decision is not None,
@@ -411,18 +530,17 @@ class RecoveryWorkflow:
                 )
             assert self._decision is not None
             decision, by = self._decision
-            overrides = override and decision == "approve"
-            verb = {"approve": "approved", "reject": "rejected"}[decision]
+            overrides = override and decision is Decision.APPROVE
             await self._record(
-                "approval" if decision == "approve" else "rejection",
-                ("override approved" if overrides else verb)
+                "approval" if decision is Decision.APPROVE else "rejection",
+                ("override approved" if overrides else PAST[decision])
                 + f" by {by.by}"
                 + (f": {by.reason}" if by.reason else "")
                 + (f" (overrides {refused})" if overrides else ""),
                 actor=by.by,
                 dedupe="decision",
                 data={
-                    "decision": decision,
+                    "decision": decision.value,
                     "by": by.by,
                     "reason": by.reason,
                     "request_id": plan.request_id,
@@ -436,20 +554,20 @@ class RecoveryWorkflow:
                     ),
                 },
             )
-            if decision == "reject":
+            if decision is Decision.REJECT:
                 return await self._finish(Stage.REJECTED, f"rejected by {by.by}: no action")
 
         try:
             if plan.action is Action.HOLD:
-                held = await self._act("hold", act)
+                held = await self._act(ActionActivities.hold, act)
                 return await self._finish(Stage.HELD, f"held for a human: {held.detail}")
             if plan.drain_nodes or plan.fence_nodes:
                 await self._stage_to(Stage.ISOLATING, f"isolating {','.join(plan.drain_nodes)}")
-                isolated = await self._act("isolate", act)
+                isolated = await self._act(ActionActivities.isolate, act)
                 if not isolated.ok and self._acts_on_refusals:
                     # Another recovery drained first and the cap is reached: restarting would
                     # leave the job to the scheduler with its culprit in service.
-                    held = await self._act("hold", act)
+                    held = await self._act(ActionActivities.hold, act)
                     return await self._finish(
                         Stage.HELD, f"{isolated.detail}: held for a human: {held.detail}"
                     )
@@ -463,10 +581,10 @@ class RecoveryWorkflow:
                     data={"job_id": plan.job_id, "suspect_nodes": plan.suspect_nodes},
                 )
             await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
-            restarted = await self._act("restart", act)
+            restarted = await self._act(ActionActivities.restart, act)
             await self._stage_to(Stage.VERIFYING, restarted.detail)
             verified = await call(
-                "verify",
+                ActionActivities.verify,
                 VerifyInput(
                     incident_id=self._incident,
                     cluster=inp.cluster,
@@ -475,7 +593,6 @@ class RecoveryWorkflow:
                     checkpoint_step=evidence.job.last_checkpoint_step,
                     timeout_s=policy.verify_timeout_s,
                 ),
-                StepOutcome,
                 CallPolicy(
                     timedelta(seconds=policy.verify_timeout_s + 30),
                     RetryPolicy(maximum_attempts=3),
@@ -491,5 +608,8 @@ class RecoveryWorkflow:
         cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]
         return await self._finish(Stage.FAILED, f"failed in {self._stage.value}: {cause}")
 
-    async def _act(self, name: str, act: ActInput) -> StepOutcome:
-        return await call(name, act, StepOutcome, ACT, name)
+    async def _act(
+        self, step: Callable[[ActionActivities, ActInput], Awaitable[StepOutcome]], act: ActInput
+    ) -> StepOutcome:
+        """Run an action (isolate, restart, hold) with the ACT policy."""
+        return await call(step, act, ACT, step.__name__)
