@@ -28,7 +28,7 @@ from relaunch.devstack import faults, services
 from relaunch.models.config import WatchSettings
 from relaunch.models.recovery import Mode, Policy
 from relaunch.models.scheduler import JobState
-from relaunch.workers.watch_main import BriefListing
+from relaunch.workers.watch_main import BriefSchedulerView
 from relaunch.workers.watcher import WatchConfig, Watcher
 
 SCALE_POLICY = Policy(
@@ -354,7 +354,7 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
     cfg = bs.cfg
     watcher = Watcher(
         WatchConfig(cluster=cfg.name, node_log_pattern=cfg.node_log_pattern),
-        BriefListing(sched),  # as `relaunch watch` reads the queue
+        BriefSchedulerView(sched),  # as `relaunch watch` reads the queue
         noop,
     )
 

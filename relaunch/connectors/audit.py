@@ -100,19 +100,23 @@ def drain_lock_key(cluster: str) -> int:
 
 
 class IncidentRow(BaseModel):
-    """One incident as `relaunch incidents` lists it."""
+    """One incident with its latest stage, verdict and plan, as `relaunch incidents` and the
+    console list it (each query fills what it reads; the rest stays None)."""
 
     id: str
     cluster: str
     job_id: str
     attempt: int
     created_at: datetime
-    last_at: datetime
+    last_at: datetime | None = None  # its latest row
     stage: str | None = None
+    stage_at: datetime | None = None
     category: str | None = None
+    confidence: float | None = None
+    nodes: list[str] = Field(default_factory=list)
     action: str | None = None
     mode: str | None = None
-    nodes: list[str] = Field(default_factory=list)
+    plan_summary: str | None = None
 
 
 class NodeReputation(BaseModel):

@@ -1,1 +1,2 @@
-"""The web console (a later milestone)."""
+"""The Recovery Console: incidents, nodes, jobs and the audit trail on the web; approvals and
+node resumes."""

@@ -18,11 +18,12 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from relaunch.connectors.audit import (
     AuditStore,
     AuditUnavailableError,
+    IncidentRow,
     NodeReputation,
     StoredEvent,
     migrate,
@@ -33,24 +34,6 @@ from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
 T = TypeVar("T")
 
 TERMINAL = sorted(s.value for s in TERMINAL_STAGES)
-
-
-class IncidentSummary(BaseModel):
-    """One incident with its latest stage, verdict and plan."""
-
-    id: str
-    cluster: str
-    job_id: str
-    attempt: int
-    created_at: datetime
-    stage: str | None = None
-    stage_at: datetime | None = None
-    category: str | None = None
-    confidence: float | None = None
-    nodes: list[str] = Field(default_factory=list)
-    action: str | None = None
-    mode: str | None = None
-    plan_summary: str | None = None
 
 
 class ClusterSummary(BaseModel):
@@ -79,7 +62,7 @@ class JobSummary(BaseModel):
     last_at: datetime
 
 
-class AttemptRow(IncidentSummary):
+class AttemptRow(IncidentRow):
     checkpoint_step: int | None = None
     restarts: int = 0
     new_job_id: str | None = None
@@ -157,19 +140,32 @@ class ConsoleDb:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        async with self._answering(), self._pool.connection() as conn:
+            if not self._migrated:
+                async with self._lock:
+                    if not self._migrated:
+                        await migrate(conn)
+                        self._migrated = True
+            yield conn
+
+    @asynccontextmanager
+    async def _answering(self) -> AsyncIterator[None]:
+        """Every failure to reach PostgreSQL inside, as one typed error."""
         try:
-            async with self._pool.connection() as conn:
-                if not self._migrated:
-                    async with self._lock:
-                        if not self._migrated:
-                            await migrate(conn)
-                            self._migrated = True
-                yield conn
+            yield
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise DatabaseUnavailableError(
                 "the audit database does not answer",
                 hint="is PostgreSQL running (`relaunch dev status`)?",
             ) from exc
+
+    async def _from_store(self, query: Callable[[AuditStore], Awaitable[T]]) -> T:
+        """One of the audit store's queries, on this pool (the schema migrated first)."""
+        if not self._migrated:
+            async with self.connection():
+                pass
+        async with self._answering():
+            return await query(self.store)
 
     async def cached(self, key: Hashable, ttl_s: float, factory: Callable[[], Awaitable[T]]) -> T:
         """``factory()``'s result, reused for ``ttl_s`` seconds (window-wide aggregates only:
@@ -201,25 +197,25 @@ class ConsoleDb:
         )
         return [ClusterSummary.model_validate(r) for r in rows]
 
-    async def recent_incidents(self, limit: int = 20) -> list[IncidentSummary]:
+    async def recent_incidents(self, limit: int = 20) -> list[IncidentRow]:
         sql = (
             "with picked as (select * from recoveries order by created_at desc limit %(limit)s)"
             + _SUMMARY_SQL
             + " order by i.created_at desc"
         )
         rows = await self._rows(sql, {"limit": limit})
-        return [IncidentSummary.model_validate(r) for r in rows]
+        return [IncidentRow.model_validate(r) for r in rows]
 
-    async def open_incidents(self, limit: int = 100) -> list[IncidentSummary]:
+    async def open_incidents(self, limit: int = 100) -> list[IncidentRow]:
         sql = (
             f"with picked as ({_OPEN} order by i.created_at desc limit %(limit)s)"
             + _SUMMARY_SQL
             + " order by i.created_at desc"
         )
         rows = await self._rows(sql, {"terminal": TERMINAL, "limit": limit})
-        return [IncidentSummary.model_validate(r) for r in rows]
+        return [IncidentRow.model_validate(r) for r in rows]
 
-    async def pending_approvals(self) -> list[IncidentSummary]:
+    async def pending_approvals(self) -> list[IncidentRow]:
         sql = (
             f"with picked as ({_OPEN})"
             + _SUMMARY_SQL
@@ -228,7 +224,12 @@ class ConsoleDb:
         rows = await self._rows(
             sql, {"terminal": TERMINAL, "awaiting": Stage.AWAITING_APPROVAL.value}
         )
+<<<<<<< HEAD
         return [IncidentSummary.model_validate(r) for r in rows]
+=======
+        rows = await self._rows(sql, {"terminal": TERMINAL})
+        return [IncidentRow.model_validate(r) for r in rows]
+>>>>>>> house-r
 
     async def categories(self, since: datetime) -> dict[str, int]:
         rows = await self._rows(
@@ -288,20 +289,15 @@ class ConsoleDb:
 
     # ------------------------------------------------------------------ incident
 
-    async def incident(self, incident_id: str) -> IncidentSummary | None:
+    async def incident(self, incident_id: str) -> IncidentRow | None:
         rows = await self._rows(
             "with picked as (select * from recoveries where id = %(id)s)" + _SUMMARY_SQL,
             {"id": incident_id},
         )
-        return IncidentSummary.model_validate(rows[0]) if rows else None
+        return IncidentRow.model_validate(rows[0]) if rows else None
 
     async def events(self, incident_id: str) -> list[StoredEvent]:
-        rows = await self._rows(
-            "select id, incident_id, kind, at, actor, stage, nodes, summary, data"
-            " from audit_events where incident_id = %s order by at, id",
-            (incident_id,),
-        )
-        return [StoredEvent.model_validate(r) for r in rows]
+        return await self._from_store(lambda store: store.events(incident_id))
 
     # ------------------------------------------------------------------ nodes
 
@@ -322,7 +318,7 @@ class ConsoleDb:
         return {str(r["node"]): NodeDrain.model_validate(r) for r in rows}
 
     async def reputation(self, cluster: str, since: datetime) -> list[NodeReputation]:
-        return await self.store.node_reputation(cluster, since)
+        return await self._from_store(lambda store: store.node_reputation(cluster, since))
 
     # ------------------------------------------------------------------ jobs
 

@@ -11,8 +11,9 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from relaunch.connectors.audit import IncidentRow
 from relaunch.console import charts, kpis
-from relaunch.console.queries import IncidentSummary, bucket_for
+from relaunch.console.queries import bucket_for
 from relaunch.console.web import Auth, Console, Problem, console, render, require
 from relaunch.models.errors import RelaunchError
 from relaunch.models.scheduler import Job, watched
@@ -25,13 +26,13 @@ KPI_TTL_S = 15.0
 class Pending(BaseModel):
     """An incident waiting for a decision, with how long it has waited and when it expires."""
 
-    incident: IncidentSummary
+    incident: IncidentRow
     age_s: float
     expires_at: datetime | None
     expires_in_s: float | None
 
 
-def pending_view(c: Console, rows: list[IncidentSummary], now: datetime) -> list[Pending]:
+def pending_view(c: Console, rows: list[IncidentRow], now: datetime) -> list[Pending]:
     timeout = timedelta(seconds=c.config.policy.approval_timeout_s)
     out = []
     for row in rows:

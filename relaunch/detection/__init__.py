@@ -1,1 +1,1 @@
-"""Pure detection logic: signatures, attribution, hang detection (the attribution milestone)."""
+"""Pure detection logic: signatures, attribution, hang detection."""

@@ -248,15 +248,12 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     if hang_lines or stalled or state in ("RUNNING", "COMPLETING"):
         return _hang(bundle, found, stalled or f"{len(hang_lines)} hang line(s), no root cause")
 
-    other = [f for f in roots if f.category not in (Category.UNKNOWN,)]
-    if other:
-        best = max(other, key=lambda f: (f.match.severity, -_order(f)[1]))
-        return _verdict(best.category, [], 0.7, other, best.match.text[:160])
-    unknown = [f for f in roots if f.category is Category.UNKNOWN]
-    reason = (
-        f"no root cause found: {unknown[0].match.text[:120]}" if unknown else "no root cause found"
-    )
-    return _verdict(Category.UNKNOWN, [], 0.3, unknown, reason)
+    # Roots no rule above decided on (e.g. a scheduler line the job's state does not bear out,
+    # a node-level line that names no node; none is unknown): the most severe one decides.
+    if roots:
+        best = max(roots, key=lambda f: (f.match.severity, -_order(f)[1]))
+        return _verdict(best.category, [], 0.7, roots, best.match.text[:160])
+    return _verdict(Category.UNKNOWN, [], 0.3, [], "no root cause found")
 
 
 def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdict | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -31,42 +30,68 @@ def line_timestamp(line: str) -> datetime | None:
     return stamp.astimezone(UTC)
 
 
-class LineBuffer:
-    """Turns appended byte chunks into complete, numbered lines.
+MAX_LINE_BYTES = 1 << 20
 
-    The last, unterminated line is kept until its newline arrives (or until it grows past
-    ``max_line_bytes``, when it is released as it is). Bytes decode as UTF-8 with replacement.
+
+class LineSplitter:
+    """Turns appended byte chunks into complete lines (bytes, without the newline or a CR
+    before it).
+
+    The last, unterminated line waits for its newline. A line longer than ``max_line_bytes``
+    is cut to its first ``max_line_bytes`` bytes, which come out as soon as they are in; the
+    rest of it (up to its newline) is skipped and ``cut_lines`` counts it. So nothing is held
+    without bound, every line out is one line of the stream, and how the stream was chunked
+    changes nothing.
     """
 
-    def __init__(self, first_line_no: int = 1, *, max_line_bytes: int = 1 << 20) -> None:
-        self.next_line_no = first_line_no
+    def __init__(self, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self._partial = b""
-        self._max_line_bytes = max_line_bytes
+        self._max = max_line_bytes
+        self._skipping = False  # inside the rest of a line that was cut
+        self.cut_lines = 0
 
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._partial)
-
-    def feed(self, data: bytes) -> list[Line]:
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._skipping:
+            end = data.find(b"\n")
+            if end == -1:
+                return []
+            data, self._skipping = data[end + 1 :], False
         buf = self._partial + data
         cut = buf.rfind(b"\n") + 1
+        lines = [line.removesuffix(b"\r") for line in buf[: cut - 1].split(b"\n")] if cut else []
         self._partial = buf[cut:]
-        lines = buf[:cut].decode("utf-8", errors="replace").split("\n")[:-1] if cut else []
-        if len(self._partial) > self._max_line_bytes:
-            lines.append(self._partial.decode("utf-8", errors="replace"))
-            self._partial = b""
-        return list(self._number(lines))
+        if len(self._partial) > self._max:
+            lines.append(self._partial)
+            self._partial, self._skipping = b"", True
+        out = []
+        for line in lines:
+            if len(line) > self._max:
+                line = line[: self._max]
+                self.cut_lines += 1
+            out.append(line)
+        return out
 
-    def flush(self) -> list[Line]:
-        """Release the unterminated last line, if any (the stream is over)."""
-        rest, self._partial = self._partial, b""
-        return list(self._number([rest.decode("utf-8", errors="replace")])) if rest else []
+    def reset(self) -> None:
+        """Forget the unterminated line (its file was truncated or replaced)."""
+        self._partial, self._skipping = b"", False
+
+
+class LineBuffer:
+    """Turns appended byte chunks into complete, numbered lines (a :class:`LineSplitter`'s,
+    decoded as UTF-8 with replacement)."""
+
+    def __init__(self, first_line_no: int = 1, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.next_line_no = first_line_no
+        self._lines = LineSplitter(max_line_bytes=max_line_bytes)
+
+    def feed(self, data: bytes) -> list[Line]:
+        return [self._number(raw) for raw in self._lines.feed(data)]
 
     def discard_partial(self) -> None:
         """Forget the unterminated line (its file was truncated or replaced)."""
-        self._partial = b""
+        self._lines.reset()
 
-    def _number(self, lines: list[str]) -> Iterator[Line]:
-        for text in lines:
-            yield Line(self.next_line_no, text.removesuffix("\r"))
-            self.next_line_no += 1
+    def _number(self, raw: bytes) -> Line:
+        line = Line(self.next_line_no, raw.decode("utf-8", errors="replace"))
+        self.next_line_no += 1
+        return line

@@ -143,7 +143,7 @@ def make_plan(
     culprits = [] if verdict.category is Category.APPLICATION else list(verdict.culprit_nodes)
     corroboration = _corroboration(verdict, culprits, policy, history)
     action = default_action(verdict.category, culprits, corroboration)
-    reasons = [f"{verdict.category.value} → {action.value} (design default)"]
+    reasons = [f"{verdict.category.value} → {action.value} (the default for this verdict)"]
     guards: list[GuardDecision] = []
     suspects = [n for n in culprits if not corroboration[n]]
     by_users = [n for n in culprits if corroboration[n] == [SUSPECTED_BY_USERS]]

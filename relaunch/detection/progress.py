@@ -23,7 +23,6 @@ from relaunch.detection.markers import (
     RESUME_PATTERN,
     ResumeProgress,
     last_checkpoint,
-    line_bodies,
     resumed_progress,
     split_rank,
     vocabulary,
@@ -226,13 +225,3 @@ class ProgressTracker:
             and now - progress.advanced_at > limit
             and going > progress.advanced_at
         )
-
-    @staticmethod
-    def resumed_from(text: str) -> int | None:
-        """The step of the last resume marker in ``text``, if any."""
-        last: int | None = None
-        resume = vocabulary().resume
-        for body in line_bodies(text):
-            found = resume(body)
-            last = found.step if found else last
-        return last

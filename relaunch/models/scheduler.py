@@ -298,16 +298,6 @@ class Node(BaseModel):
         return NodeFlag.NOT_RESPONDING not in self.flags and self.state is not NodeState.DOWN
 
     @property
-    def schedulable(self) -> bool:
-        """Could take new work."""
-        return (
-            self.state in {NodeState.IDLE, NodeState.MIXED, NodeState.ALLOCATED}
-            and not self.drain_flag
-            and NodeFlag.FAIL not in self.flags
-            and NodeFlag.NOT_RESPONDING not in self.flags
-        )
-
-    @property
     def display_state(self) -> str:
         return "+".join([self.state.value, *self.flags])
 

@@ -1,1 +1,1 @@
-"""Process entrypoints: the `relaunch` CLI (and, in later issues, the worker, watcher, agent)."""
+"""Process entrypoints: the `relaunch` CLI, the Temporal worker, the watcher and the node agent."""

@@ -22,7 +22,7 @@ from relaunch.workers.worker import connect
 log = logging.getLogger("relaunch.watch")
 
 
-class BriefListing:
+class BriefSchedulerView:
     """The watcher's view of a scheduler: the cheap job listing (squeue's text format) for its
     polls; nodes as they are."""
 
@@ -71,7 +71,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
 
     probe_runner, liveness = await liveness_monitor(config)
     watcher = Watcher(
-        watch_config(config), BriefListing(scheduler), on_detection, liveness=liveness
+        watch_config(config), BriefSchedulerView(scheduler), on_detection, liveness=liveness
     )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

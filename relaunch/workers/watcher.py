@@ -173,15 +173,6 @@ class Watcher:
             job, cfg.cluster, partitions=cfg.partitions, opt_in_comment=cfg.opt_in_comment
         )
 
-    def log_offsets(self, job_id: str) -> dict[str, int]:
-        """Byte offsets reached in each of the job's log files (job logs, then node logs)."""
-        watch = self._jobs.get(job_id)
-        if watch is None:
-            return {}
-        feeds = [self._nodes.get(node) for node in watch.job.nodes]
-        streams = [*watch.logs.values(), *(f.log for f in feeds if f and f.log)]
-        return {s.tail.path: s.tail.offset for s in streams}
-
     async def poll_once(self, now: datetime | None = None) -> list[Detection]:
         """One look at the cluster. An injected ``now`` also drives the progress clock."""
         started = time.monotonic()

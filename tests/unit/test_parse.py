@@ -174,7 +174,6 @@ def test_drained_nodes_while_a_job_still_runs() -> None:
     assert (n1.state, n1.flags, n1.display_state) == (NodeState.MIXED, ["DRAIN"], "MIXED+DRAIN")
     assert n1.drain_flag is True
     assert n1.drained is False
-    assert n1.schedulable is False
     assert n1.reason == "relaunch incident 42"
     assert n1.reason_user == "root"
     assert n1.reason_time == datetime.fromtimestamp(1796215054, tz=UTC)
@@ -187,7 +186,6 @@ def test_drained_nodes_while_a_job_still_runs() -> None:
     assert parsed["n3"].display_state == "MIXED"
     for name in ("n2", "n3"):
         assert parsed[name].drain_flag is False
-        assert parsed[name].schedulable is True
         assert (parsed[name].reason, parsed[name].reason_user) == ("", "")
         assert parsed[name].reason_time is None
 

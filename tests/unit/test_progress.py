@@ -52,10 +52,17 @@ def test_checkpoint_and_resume_are_not_progress() -> None:
     assert tracker.max_step == 101
 
 
-def test_resumed_from_reads_the_last_marker() -> None:
-    text = "0: resumed from checkpoint step=50\nstep=51\n0: resumed from checkpoint step=80\n"
-    assert ProgressTracker.resumed_from(text) == 80
-    assert ProgressTracker.resumed_from("step=1\n") is None
+def test_the_last_resume_marker_counts() -> None:
+    tracker = ProgressTracker()
+    assert tracker.observe("step=1", 1.0)
+    assert tracker.resumed_step is None
+    for line in (
+        "0: resumed from checkpoint step=50",
+        "step=51",
+        "0: resumed from checkpoint step=80",
+    ):
+        tracker.observe(line, 2.0)
+    assert tracker.resumed_step == 80
 
 
 def test_nothing_is_stalled_before_the_first_marker() -> None:

@@ -103,11 +103,11 @@ def test_every_framework_s_lines_are_progress_saves_and_resumes(
     assert tracker.framework == ("pytorch" if framework == "lightning" else framework)
     assert not tracker.observe(saved, 2.0)
     assert tracker.last_checkpoint_step == saved_step
+    assert tracker.resumed_step is None  # nor a save a resume
     assert not tracker.observe(resume, 3.0)
     assert tracker.resumed_step == resume_step and tracker.ranks == {}
     # A save or resume line is never a step, nor a step line a checkpoint.
     assert last_checkpoint(f"{progress}\n{resume}\n") is None
-    assert ProgressTracker.resumed_from(f"{progress}\n{saved}\n") is None
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from relaunch.detection.lines import LineBuffer
+from relaunch.detection.lines import LineBuffer, LineSplitter
 from relaunch.detection.literals import required_literals
 from relaunch.detection.signatures import (
     MAX_LINE,
@@ -396,21 +396,29 @@ def test_required_literals() -> None:
 def test_line_buffer_keeps_partial_lines_and_numbers() -> None:
     buf = LineBuffer()
     assert buf.feed(b"step=1\nstep") == [(1, "step=1")]
-    assert buf.pending_bytes == 4
     assert buf.feed(b"=2\r\n\xe2\x82") == [(2, "step=2")]  # CRLF, then half a UTF-8 char
     assert buf.feed(b"\xac ok\n") == [(3, "€ ok")]
     assert buf.feed(b"tail") == []
-    assert buf.flush() == [(4, "tail")]
-    assert buf.next_line_no == 5
+    assert buf.next_line_no == 4
 
 
-def test_line_buffer_releases_an_endless_line() -> None:
+def test_line_buffer_cuts_an_endless_line_and_keeps_counting_true() -> None:
     buf = LineBuffer(first_line_no=10, max_line_bytes=8)
-    assert buf.feed(b"0123456789") == [(10, "0123456789")]
-    assert buf.pending_bytes == 0
+    assert buf.feed(b"0123456789") == [(10, "01234567")]
+    assert buf.feed(b"more of line 10\nnext\n") == [(11, "next")]  # the rest is skipped
     buf.feed(b"abc")
     buf.discard_partial()
-    assert buf.feed(b"def\n") == [(11, "def")]
+    assert buf.feed(b"def\n") == [(12, "def")]
+
+
+def test_line_splitter_cuts_the_same_whatever_the_chunks() -> None:
+    stream = b"short\n" + b"x" * 20 + b"\r\nok\r\n" + b"y" * 9 + b"\nend\n"
+    expected = [b"short", b"x" * 8, b"ok", b"y" * 8, b"end"]
+    whole = LineSplitter(max_line_bytes=8)
+    assert (whole.feed(stream), whole.cut_lines) == (expected, 2)
+    bytewise = LineSplitter(max_line_bytes=8)
+    lines = [line for i in range(len(stream)) for line in bytewise.feed(stream[i : i + 1])]
+    assert (lines, bytewise.cut_lines) == (expected, 2)
 
 
 def test_scan_lines_takes_what_line_buffer_yields() -> None:

@@ -53,6 +53,20 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     assert tail.last_error and "not a telemetry sample" in tail.last_error
 
 
+def test_an_endless_line_is_one_malformed_line(tmp_path: Path) -> None:
+    path = tmp_path / "telemetry.jsonl"
+    tail = TelemetryTail(path)
+    with path.open("a") as f:
+        f.write('{"node": "n1", "junk": "' + "x" * (2 << 20))  # still no newline
+    assert tail.read() == []
+    with path.open("a") as f:
+        f.write('"}\n')
+    append_samples(path, [sample(xid=79)])
+    assert [s.xid for s in tail.read()] == [79]
+    assert tail.malformed == 1
+    assert tail.last_error and "longer than" in tail.last_error
+
+
 def test_truncated_or_replaced_file_is_read_from_its_start(tmp_path: Path) -> None:
     path = tmp_path / "telemetry.jsonl"
     append_samples(path, [sample(xid=13)])

@@ -14,37 +14,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from relaunch.connectors.logs import DEFAULT_MAX_READ, FileTail
+from relaunch.detection.lines import MAX_LINE_BYTES, LineSplitter
 from relaunch.models.bundle import TelemetrySample
 
 log = logging.getLogger(__name__)
-
-MAX_LINE_BYTES = 1 << 20
-
-
-class LineSplitter:
-    """Turns appended byte chunks into complete lines (bytes, no newline).
-
-    The unterminated last line waits for its newline; one longer than ``max_line_bytes`` is
-    dropped (``overlong`` counts it) rather than held forever.
-    """
-
-    def __init__(self, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
-        self._partial = b""
-        self._max = max_line_bytes
-        self.overlong = 0
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self._partial + data
-        cut = buf.rfind(b"\n") + 1
-        self._partial = buf[cut:]
-        if len(self._partial) > self._max:
-            self._partial = b""
-            self.overlong += 1
-        return [line.removesuffix(b"\r") for line in buf[: cut - 1].split(b"\n")] if cut else []
-
-    def reset(self) -> None:
-        """Forget the unterminated line (its file was truncated or replaced)."""
-        self._partial = b""
 
 
 class TelemetryTail:
@@ -80,7 +53,7 @@ class TelemetryTail:
         data = self._tail.read()
         if self._tail.truncations != before:
             self._lines.reset()
-        overlong = self._lines.overlong
+        cut = self._lines.cut_lines
         out: list[TelemetrySample] = []
         for raw in self._lines.feed(data):
             if not raw.strip():
@@ -91,8 +64,7 @@ class TelemetryTail:
                 self.malformed += 1
                 self.last_error = f"{self.path}: not a telemetry sample: {_short(exc)}"
                 log.warning("skipping a malformed telemetry line", extra={"path": str(self.path)})
-        if self._lines.overlong != overlong:
-            self.malformed += self._lines.overlong - overlong
+        if self._lines.cut_lines != cut:  # its cut start was counted as malformed above
             self.last_error = f"{self.path}: a line longer than {MAX_LINE_BYTES} bytes"
         return out
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel
 
 from relaunch.connectors.logs import FileTail
-from relaunch.connectors.telemetry.files import LineSplitter
+from relaunch.detection.lines import LineSplitter
 from relaunch.models.errors import RelaunchError
 
 JOURNAL = "journal"
