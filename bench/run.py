@@ -6,7 +6,7 @@ PNG plots next to it.
 
 Usage: python bench/run.py [--quick] [--classes a,b,c] [--no-baseline | --baseline-only]
 (quick: one run per class, a 50-job burst, 1,000 held jobs; the full run weights the Mix A
-classes by failure-signatures.md §4 and adds the silent classes; --classes: only those classes,
+classes by docs/failure-signatures.md §4 and adds the silent classes; --classes: only those classes,
 --repeat runs of each, for Relaunch and for Slurm alone, and no scale part)
 """
 

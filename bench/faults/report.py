@@ -306,7 +306,7 @@ def findings(rows: list[Row], base: list[Row], scale: Row | None) -> list[str]:
             "spread across workers on the task queue) and a production Temporal instead of the "
             "SQLite dev server; or one decision for a correlated failure (a node-level "
             "recovery that drains the node once and requeues its jobs in bulk) — a change to "
-            "the one-workflow-per-job-attempt contract in docs/design.md."
+            "the one-workflow-per-job-attempt contract in docs/architecture.md."
         )
     pre = [r for r in rows if r["cls"] == "preemption"]
     if pre:

@@ -40,8 +40,9 @@ EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 FAULT_AFTER_STEP = 15
 APP_FAIL_STEP = 16
 
-# Mix A of failure-signatures.md §4, the classes this benchmark injects (infrastructure software
-# and storage, 15 %, are not injected: no real fault of theirs can be made on this machine).
+# Mix A of docs/failure-signatures.md §4, the classes this benchmark injects (infrastructure
+# software and storage, 15 %, are not injected: no real fault of theirs can be made on this
+# machine).
 MIX = {
     "gpu_hardware": 40,
     "network": 15,

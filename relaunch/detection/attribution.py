@@ -1,6 +1,6 @@
 """Attribution: from an incident bundle to a verdict — what failed, which nodes, how sure.
 
-The rules, in the order they are tried (failure-signatures.md §1 and §3):
+The rules, in the order they are tried (docs/failure-signatures.md §1 and §3):
 
 1. Scheduler facts that end the question: a cancelled job was cancelled, a preempted one
    preempted; a time limit is a time limit unless training had stopped long before (a hang).

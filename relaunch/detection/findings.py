@@ -68,7 +68,7 @@ _TORCHRUN_ENTRY = re.compile(
 
 
 # NCCL's bootstrap line names the address each host uses: the key to "Got completion from peer
-# <ip>", whose suspect is the peer, not the reporter (failure-signatures.md §1.2, §2.2).
+# <ip>", whose suspect is the peer, not the reporter (docs/failure-signatures.md §1.2, §2.2).
 _NCCL_ADDRESS = re.compile(
     r"(?<![\w.-])(?P<host>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO "
     r"(?:Bootstrap : Using|NET/IB : Using .*OOB) \w+:(?P<ip>\d+\.\d+\.\d+\.\d+)<"

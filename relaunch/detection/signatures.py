@@ -49,7 +49,7 @@ _PG_RANK = re.compile(r"\[(?:PG ID \d+ PG GUID \S+ )?Rank (\d+)\]")
 
 
 class Role(StrEnum):
-    """What a matched line means for attribution (see failure-signatures.md §0)."""
+    """What a matched line means for attribution (see docs/failure-signatures.md §0)."""
 
     ROOT = "root"
     CASCADE = "cascade"

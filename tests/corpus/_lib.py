@@ -1,8 +1,8 @@
 """Building blocks for make_corpus.py: real line formats from docs/failure-signatures.md.
 
 Every error, cascade, teardown or scheduler line built here follows a format quoted in
-failure-signatures.md (section named in each helper). Progress lines and benign noise (NCCL INFO,
-Python warnings, slurmd/systemd syslog) are the only other text.
+docs/failure-signatures.md (section named in each helper). Progress lines and benign noise
+(NCCL INFO, Python warnings, slurmd/systemd syslog) are the only other text.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class Spec:
 
     @property
     def action(self) -> str:
-        """The design's default action for this label (docs/design.md, docs/trust.md)."""
+        """The design's default action for this label (docs/attribution.md, docs/trust.md)."""
         if self.category in ("gpu_hardware", "network", "node_failure", "hang"):
             if not self.culprits:
                 return "restart"

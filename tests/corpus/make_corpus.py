@@ -2789,7 +2789,7 @@ def main() -> None:
             f"{', '.join(spec.tags)} |"
         )
     table = (
-        "| bundle | category | culprits | action | written from (failure-signatures.md) "
+        "| bundle | category | culprits | action | written from (docs/failure-signatures.md) "
         "| features |\n"
         "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )

@@ -3,7 +3,7 @@
 The job-log builder (``Job``) is reused from tests/corpus/_lib.py (imported, not copied). What is
 new here: node logs whose syslog stamps carry a time zone (ISO with an offset, or BSD stamps in
 the node's local time), compact cascades that keep 64- and 128-rank bundles under 100 KB, and
-hostlist-compressed srun lines. Every line follows a format of failure-signatures.md.
+hostlist-compressed srun lines. Every line follows a format of docs/failure-signatures.md.
 """
 
 from __future__ import annotations
