@@ -1,0 +1,320 @@
+"""The exact command lines SlurmCli runs, against golden files (submitit's approach), and
+the brief squeue text it polls, from a fixture in squeue's own format.
+
+Each operation of the adapter (the reads, drain, fence, resume, requeue with and without
+excluded nodes, hold, release, cancel, resubmit...) runs against a recording runner that plays
+a small Slurm cluster in memory (seeded from the recorded fixtures in tests/fixtures/slurm/),
+so no Slurm is needed. Every argv the operation issues, in order (its fresh read, the action,
+the verifying read), is compared with ``tests/fixtures/slurm/golden/<operation>.json``: one
+argv per line, as a JSON list. Any change to a command line fails here, and the diff of the
+golden file shows it in review.
+
+After a deliberate change, regenerate the files and review their diff::
+
+    RELAUNCH_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/unit/test_slurm_argv.py
+
+The brief listing's fixture, tests/fixtures/slurm/squeue_brief.txt, and how it is produced are
+described in tests/fixtures/slurm/README.md (record.sh records it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaunch.connectors.slurm import parse
+from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.runner import CommandResult
+from relaunch.models import hostlist
+from relaunch.models.errors import SchedulerError
+from relaunch.models.scheduler import ExitCode, Job, JobState
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+GOLDEN = FIXTURES / "golden"
+UPDATE = os.environ.get("RELAUNCH_UPDATE_GOLDEN") == "1"
+
+
+class RecordingSlurm:
+    """A CommandRunner that records each argv and answers it like Slurm 22.05 would, from a
+    small cluster held as squeue/sinfo JSON: the jobs of squeue_running.json, the nodes of
+    sinfo_idle_drained.json (n1 and n4 drained). Actions change that state, so an action's
+    verifying read sees it done."""
+
+    def __init__(self) -> None:
+        self.argvs: list[list[str]] = []
+        jobs = json.loads((FIXTURES / "squeue_running.json").read_text())["jobs"]
+        nodes = json.loads((FIXTURES / "sinfo_idle_drained.json").read_text())["nodes"]
+        self.jobs: dict[str, dict[str, Any]] = {str(j["job_id"]): copy.deepcopy(j) for j in jobs}
+        self.nodes: dict[str, dict[str, Any]] = {n["name"]: copy.deepcopy(n) for n in nodes}
+        self.json_errors: list[dict[str, Any]] = []
+
+    async def run(
+        self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 30.0
+    ) -> CommandResult:
+        self.argvs.append(list(argv))
+        try:
+            out = self._answer(list(argv))
+        except KeyError as exc:
+            return CommandResult(tuple(argv), 1, "", f"Invalid job id or node {exc}", 0.0)
+        return CommandResult(tuple(argv), 0, out, "", 0.0)
+
+    def _answer(self, argv: list[str]) -> str:
+        match argv:
+            case ["squeue", "--json"]:
+                return json.dumps({"errors": self.json_errors, "jobs": list(self.jobs.values())})
+            case ["sinfo", "--json"]:
+                return json.dumps({"errors": self.json_errors, "nodes": list(self.nodes.values())})
+            case ["env", "SLURM_TIME_FORMAT=%s", "squeue", *_]:
+                return "".join(_brief_line(job) + "\n" for job in self.jobs.values())
+            case ["scontrol", "ping"]:
+                return "Slurmctld(primary) at ctl is UP\n"
+            case ["scontrol", "write", "batch_script", job_id, "-"]:
+                return f"#!/bin/bash\n# job {self.jobs[job_id]['job_id']}\nsrun train.py\n"
+            case ["scontrol", "update", node, state, *reason] if node.startswith("NodeName="):
+                self._update_node(node.partition("=")[2], state.partition("=")[2], reason)
+            case ["scontrol", "update", job, excluded] if job.startswith("JobId="):
+                self.jobs[job.partition("=")[2]]["excluded_nodes"] = excluded.partition("=")[2]
+            case ["scontrol", "requeue" | "requeuehold" as verb, job_id]:
+                requeued = self.jobs[job_id]
+                requeued.update(job_state="PENDING", nodes="", batch_host="")
+                requeued["state_reason"] = "JobHeldAdmin" if verb == "requeuehold" else "BeginTime"
+                requeued["restart_cnt"] += 1
+            case ["scontrol", "hold" | "release" as verb, job_id]:
+                self.jobs[job_id]["state_reason"] = "JobHeldAdmin" if verb == "hold" else "None"
+            case ["scancel", job_id]:
+                self.jobs[job_id]["job_state"] = "CANCELLED"
+            case ["sbatch", "--parsable", *options]:
+                return self._submit(options)
+            case _:
+                raise AssertionError(f"the recording runner does not know {shlex.join(argv)}")
+        return ""
+
+    def _update_node(self, name: str, state: str, reason: list[str]) -> None:
+        node = self.nodes[name]
+        if state == "DRAIN":
+            node["state_flags"] = ["DRAIN", *node["state_flags"]]
+            node["reason"] = reason[0].partition("=")[2]
+        elif state == "DOWN":
+            node["state"] = "down"
+            node["reason"] = reason[0].partition("=")[2]
+        elif state == "RESUME":
+            node.update(state="idle", state_flags=[], reason="")
+
+    def _submit(self, options: list[str]) -> str:
+        new_id = max(int(j) for j in self.jobs) + 1
+        values = dict(o.removeprefix("--").partition("=")[::2] for o in options)
+        job = {
+            **copy.deepcopy(self.jobs["2"]),
+            "job_id": new_id,
+            "job_state": "PENDING",
+            "state_reason": "None",
+            "comment": values.get("comment", ""),
+            "excluded_nodes": values.get("exclude", ""),
+        }
+        self.jobs[str(new_id)] = job
+        return f"{new_id}\n"
+
+
+def _brief_line(job: dict[str, Any]) -> str:
+    """One job as ``squeue --Format=<parse.BRIEF_FORMAT>`` prints it (see squeue_brief.txt)."""
+    array_job, task = job.get("array_job_id") or 0, job.get("array_task_id")
+    values = {
+        "JobID": str(job["job_id"]),
+        "ArrayJobID": str(array_job or job["job_id"]),
+        "ArrayTaskID": "N/A" if task is None else str(task),
+        "Name": job["name"],
+        "UserName": job["user_name"],
+        "State": job["job_state"],
+        "Reason": job["state_reason"],
+        "exit_code": str(job["exit_code"]),
+        "Partition": job["partition"],
+        "NodeList": job["nodes"],
+        "NumNodes": str(len(hostlist.expand(job["nodes"])) or job["node_count"]),
+        "BatchHost": job["batch_host"],
+        "RestartCnt": str(job["restart_cnt"]),
+        "Requeue": "1" if job["requeue"] else "0",
+        "Comment": job["comment"] or "(null)",
+        "STDOUT": job["standard_output"],
+        "STDERR": job["standard_error"],
+        "WorkDir": job["current_working_directory"],
+        "Command": job["command"] or "(null)",
+        "NumTasks": str(job["tasks"] or 1),
+        "TimeLimit": "UNLIMITED",
+        "SubmitTime": str(job["submit_time"]),
+        "EligibleTime": str(job["eligible_time"] or "N/A"),
+        "StartTime": str(job["start_time"] or "N/A"),
+        "EndTime": str(job["end_time"] or "N/A"),
+        "UserID": str(job["user_id"]),
+        "GroupID": str(job["group_id"]),
+    }
+    assert list(values) == list(parse.BRIEF_FIELDS)
+    return "".join(v + parse.BRIEF_SEPARATOR for v in values.values())
+
+
+# ---------------------------------------------------------------- the operations
+
+Operation = Callable[[SlurmCli, RecordingSlurm], Awaitable[object]]
+
+
+async def _requeue_excluding(slurm: SlurmCli, cluster: RecordingSlurm) -> None:
+    # What the restart activity does: requeue, then exclude the culprits while pending.
+    await slurm.requeue_job("1", expected_restart_count=0)
+    await slurm.exclude_nodes("1", ["n1", "n3"])
+
+
+async def _hold(slurm: SlurmCli, cluster: RecordingSlurm) -> None:
+    await slurm.requeue_job("1")  # only a pending job can be held
+    cluster.argvs.clear()
+    await slurm.hold_job("1")
+
+
+async def _read_with_json_errors(slurm: SlurmCli, cluster: RecordingSlurm) -> None:
+    # squeue/sinfo exit 0 with errors inside the JSON; scontrol ping tells a dead controller.
+    cluster.json_errors = [{"error": "Unable to contact slurm controller", "error_number": 1}]
+    with pytest.raises(SchedulerError, match="squeue reported: Unable to contact"):
+        await slurm.list_jobs()
+
+
+OPERATIONS: dict[str, Operation] = {
+    "read_jobs": lambda s, c: s.list_jobs(),
+    "read_jobs_brief": lambda s, c: s.list_jobs_brief(),
+    "read_job_brief": lambda s, c: s.get_job_brief("5"),
+    "read_nodes": lambda s, c: s.list_nodes(),
+    "read_batch_script": lambda s, c: s.batch_script("1"),
+    "read_with_json_errors": _read_with_json_errors,
+    "drain": lambda s, c: s.drain_node("n2", "relaunch incident relaunch-dev-1-0"),
+    "drain_already_drained": lambda s, c: s.drain_node("n1", "relaunch incident x"),
+    "fence": lambda s, c: s.fence_node("n3", "relaunch incident relaunch-dev-1-0 (no slurmd)"),
+    "resume": lambda s, c: s.resume_node("n4"),
+    "requeue": lambda s, c: s.requeue_job("1", expected_restart_count=0),
+    "requeue_excluding_nodes": _requeue_excluding,
+    "requeue_hold": lambda s, c: s.requeue_job("1", hold=True),
+    "hold": _hold,
+    "release": lambda s, c: s.release_job("3"),
+    "cancel": lambda s, c: s.cancel_job("5"),
+    "submit": lambda s, c: s.resubmit_job("2"),
+    "submit_excluding_nodes": lambda s, c: s.resubmit_job("2", exclude=["n1", "n3"]),
+}
+
+
+async def _record(name: str) -> list[list[str]]:
+    cluster = RecordingSlurm()
+    # As root (the dev stack's account): resubmissions carry --uid/--gid, as in production.
+    slurm = SlurmCli(runner=cluster, submit_as="root", verify_timeout=1.0)
+    await OPERATIONS[name](slurm, cluster)
+    return cluster.argvs
+
+
+def _render(argvs: list[list[str]]) -> str:
+    """One argv per line, so that a changed argument shows as a one-line diff."""
+    lines = ",\n".join("  " + json.dumps(argv) for argv in argvs)
+    return f"[\n{lines}\n]\n"
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+async def test_the_argv_matches_its_golden_file(name: str) -> None:
+    argvs = await _record(name)
+    path = GOLDEN / f"{name}.json"
+    if UPDATE:
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        path.write_text(_render(argvs))
+    assert path.exists(), f"no golden file {path.name}: run with RELAUNCH_UPDATE_GOLDEN=1"
+    assert argvs == json.loads(path.read_text()), (
+        f"SlurmCli's commands for {name!r} changed; if on purpose, regenerate with "
+        "RELAUNCH_UPDATE_GOLDEN=1 and review the diff of " + str(path.relative_to(FIXTURES))
+    )
+
+
+def test_every_golden_file_belongs_to_an_operation() -> None:
+    """A golden file whose operation was removed is stale, and would be reviewed for nothing."""
+    assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(OPERATIONS)
+
+
+# ---------------------------------------------------------------- the brief listing's text
+
+
+def brief_jobs() -> dict[str, Job]:
+    jobs = parse.jobs_from_brief((FIXTURES / "squeue_brief.txt").read_text())
+    assert jobs is not None, "squeue_brief.txt does not parse: the listing would be refused"
+    return {job.job_id: job for job in jobs}
+
+
+def test_the_brief_listing_lists_every_job_squeue_printed() -> None:
+    assert list(brief_jobs()) == ["11", "12", "6", "8", "7", "9", "10", "1", "3", "5", "4", "2"]
+
+
+def test_a_running_multi_node_job_from_the_brief_listing() -> None:
+    job = brief_jobs()["6"]
+    assert (job.name, job.state, job.reason) == ("train", JobState.RUNNING, "")  # "None"
+    assert job.nodes == ["n1", "n2"] and job.node_count == 2 and job.batch_host == "n1"
+    assert job.comment_fields == {"relaunch": "on", "max_restarts": "2"}
+    assert job.requeue_allowed and job.restart_count == 0 and job.num_tasks == 2
+    assert job.stdout_path == "/tmp/tmp.Bnn9VVdLgi/train-6.out"
+    assert job.time_limit_minutes == 365 * 24 * 60
+    assert job.start_time == datetime.fromtimestamp(1796215062, tz=UTC)
+    assert (job.user, job.user_id, job.group_id) == ("root", 0, 0)
+    assert job.excluded_nodes == []  # the brief listing has none (actions read the JSON)
+
+
+def test_pending_and_held_jobs_from_the_brief_listing() -> None:
+    jobs = brief_jobs()
+    wide, held = jobs["11"], jobs["12"]
+    assert (wide.state, wide.reason, wide.held) == (JobState.PENDING, "Resources", False)
+    assert wide.nodes == [] and wide.node_count == 4 and wide.batch_host == ""
+    assert wide.start_time is None and wide.end_time is None  # squeue's N/A
+    assert (held.state, held.reason, held.held) == (JobState.PENDING, "JobHeldUser", True)
+    assert held.comment == "" and held.command == ""  # squeue's (null)
+
+
+def test_array_tasks_and_heterogeneous_components_are_jobs_of_their_own() -> None:
+    jobs = brief_jobs()
+    # Array 7: each task has its own job id (task 1 is job 8, the last task keeps 7).
+    assert [(jobs[i].nodes, jobs[i].stdout_path.rsplit("/", 1)[1]) for i in ("8", "7")] == [
+        (["n3"], "arr-7_1.out"),
+        (["n4"], "arr-7_2.out"),
+    ]
+    # Heterogeneous job 9: its second component is job 10, on a hostlist with a gap.
+    assert jobs["9"].nodes == ["n2"]
+    assert jobs["10"].nodes == ["n1", "n3", "n4"] and jobs["10"].node_count == 3
+
+
+def test_finished_jobs_from_the_brief_listing() -> None:
+    jobs = brief_jobs()
+    failed = jobs["2"]
+    assert (failed.state, failed.reason) == (JobState.FAILED, "NonZeroExitCode")
+    assert failed.exit_code == ExitCode(code=3)  # squeue prints the raw wait status, 768
+    assert failed.state.is_abnormal_end and failed.nodes == ["n1"]
+    assert jobs["5"].exit_code == ExitCode(signal=15)  # cancelled: SIGTERM
+    requeued = jobs["1"]
+    assert (requeued.state, requeued.restart_count, requeued.nodes) == (
+        JobState.CANCELLED,
+        1,
+        [],
+    )
+
+
+async def test_the_adapter_reads_the_brief_listing_without_falling_back() -> None:
+    class Squeue:
+        def __init__(self) -> None:
+            self.argvs: list[tuple[str, ...]] = []
+
+        async def run(
+            self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 30.0
+        ) -> CommandResult:
+            self.argvs.append(tuple(argv))
+            text = (FIXTURES / "squeue_brief.txt").read_text()
+            return CommandResult(tuple(argv), 0, text, "", 0.0)
+
+    runner = Squeue()
+    slurm = SlurmCli(runner=runner)
+    assert [j.job_id for j in await slurm.list_jobs_brief()] == list(brief_jobs())
+    assert (await slurm.get_job_brief("10")).nodes == ["n1", "n3", "n4"]
+    assert all("--json" not in argv for argv in runner.argvs)
