@@ -224,12 +224,7 @@ class ConsoleDb:
         rows = await self._rows(
             sql, {"terminal": TERMINAL, "awaiting": Stage.AWAITING_APPROVAL.value}
         )
-<<<<<<< HEAD
-        return [IncidentSummary.model_validate(r) for r in rows]
-=======
-        rows = await self._rows(sql, {"terminal": TERMINAL})
         return [IncidentRow.model_validate(r) for r in rows]
->>>>>>> house-r
 
     async def categories(self, since: datetime) -> dict[str, int]:
         rows = await self._rows(
