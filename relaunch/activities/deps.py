@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.liveness import Prober
 from relaunch.connectors.logstores import LogStore
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.base import Scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import AuditRecord
@@ -32,7 +32,7 @@ R = TypeVar("R")
 @dataclass
 class Deps:
     config: ClusterConfig
-    scheduler: SlurmCli
+    scheduler: Scheduler
     audit: AuditStore
     log_store: LogStore | None = None  # None: job and kernel logs are read from files
     _prober: Prober | None = field(default=None, init=False, repr=False)

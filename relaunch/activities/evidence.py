@@ -13,14 +13,15 @@ from pathlib import Path
 from temporalio import activity
 
 from relaunch.activities.deps import Deps, typed_errors
-from relaunch.activities.remote_logs import fetch_evidence_logs
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
-from relaunch.connectors.joboutput import FileEvidence, read_file_evidence, read_telemetry
+from relaunch.connectors.joboutput import FileEvidence, read_file_evidence
 from relaunch.connectors.liveness import ProbeError, ProbeTarget
+from relaunch.connectors.logstores import fetch_evidence_logs
 from relaunch.connectors.slurm.cli import LINEAGE_KEY
+from relaunch.connectors.telemetry import read_job_telemetry
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
-from relaunch.detection.lines import line_timestamp
+from relaunch.detection.lines import lines_since
 from relaunch.detection.planning import PlanHistory, held_out, make_plan, partition_size
 from relaunch.detection.progress import last_checkpoint
 from relaunch.models.bundle import BundleJob
@@ -53,19 +54,6 @@ def _int_or_none(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
 
-def _since(text: str, start: datetime | None) -> str:
-    """Kernel-log lines from this job attempt on: an Xid from before the job started on the
-    node is the node's history (its reputation), not this interruption's evidence."""
-    if start is None:
-        return text
-    kept = []
-    for line in text.splitlines(keepends=True):
-        stamp = line_timestamp(line)
-        if stamp is None or stamp >= start:
-            kept.append(line)
-    return "".join(kept)
-
-
 async def _file_evidence(job: Job, start: int, config: ClusterConfig) -> FileEvidence:
     """The job's output files read as its user may (from byte ``start``; refused files
     recorded, never read) and this attempt's lines of each node's kernel log."""
@@ -77,7 +65,7 @@ async def _file_evidence(job: Job, start: int, config: ClusterConfig) -> FileEvi
         log_limit=LOG_TAIL_BYTES,
         node_log_limit=NODE_LOG_TAIL_BYTES,
     )
-    kept = {node: _since(text, job.start_time) for node, text in files.node_logs.items()}
+    kept = {node: lines_since(text, job.start_time) for node, text in files.node_logs.items()}
     return files.model_copy(update={"node_logs": {n: t for n, t in kept.items() if t}})
 
 
@@ -185,7 +173,7 @@ class EvidenceActivities:
             user=job.user,
         )
         path = Path(self.deps.config.bundle_dir) / inp.incident_id
-        telemetry = await read_telemetry(
+        telemetry = await read_job_telemetry(
             job,
             self.deps.config.telemetry_pattern,
             limit=NODE_LOG_TAIL_BYTES,

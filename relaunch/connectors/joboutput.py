@@ -1,5 +1,6 @@
 """Safe reads of files a job controls (its stdout/stderr) and of the per-node files an operator
-configured (kernel logs, the agents' telemetry).
+configured (kernel logs, the agents' telemetry: read with these rules by
+``relaunch.connectors.telemetry.files``).
 
 A job's output paths are the job's user's choice: ``-e /etc/relaunch/env`` or ``-o`` a FIFO are
 as easy to submit as ``-o train.out``. So a job's file is read only when:
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from relaunch.models.bundle import TelemetrySample
 from relaunch.models.config import JobOutputSettings
 from relaunch.models.errors import RefusedPathError
 from relaunch.models.scheduler import Job
@@ -322,31 +322,4 @@ async def read_file_evidence(
             )
             if read.text:
                 out.node_logs[node] = read.text
-    return out
-
-
-async def read_telemetry(
-    job: Job, pattern: str | None, *, limit: int, timeout_s: float
-) -> list[TelemetrySample]:
-    """The job's nodes' agent samples: those since the job started, and each GPU's last one
-    before it (the baseline a counter must rise above)."""
-    if not pattern:
-        return []
-    out: list[TelemetrySample] = []
-    for node in job.nodes:
-        read = await read_tail(
-            pattern.format(node=node), FileAccess.operator_file(), limit, timeout_s=timeout_s
-        )
-        before: dict[int | None, TelemetrySample] = {}
-        during: list[TelemetrySample] = []
-        for line in read.text.splitlines():
-            try:
-                sample = TelemetrySample.model_validate_json(line)
-            except ValueError:
-                continue  # a torn or foreign line: the agent's other lines still count
-            if job.start_time and sample.time and sample.time < job.start_time:
-                before[sample.gpu] = sample
-            else:
-                during.append(sample)
-        out += [*before.values(), *during]
     return out

@@ -291,9 +291,6 @@ class ConsoleDb:
         )
         return IncidentRow.model_validate(rows[0]) if rows else None
 
-    async def events(self, incident_id: str) -> list[StoredEvent]:
-        return await self._from_store(lambda store: store.events(incident_id))
-
     # ------------------------------------------------------------------ nodes
 
     async def node_drains(self, cluster: str) -> dict[str, NodeDrain]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -134,9 +133,10 @@ def evidence_view(events: list[StoredEvent]) -> dict[str, Any]:
 
 async def _context(request: Request, incident_id: str) -> dict[str, Any]:
     c = console(request)
-    summary, events = await asyncio.gather(c.db.incident(incident_id), c.db.events(incident_id))
+    summary = await c.db.incident(incident_id)  # the schema migrated, PostgreSQL answering
     if summary is None:
         raise NotFound(f"no incident {incident_id!r}: the audit trail has no such id")
+    events = await c.db.store.events(incident_id)
     now = datetime.now(UTC)
     spans = stages(events, now)
     current = spans[-1].stage if spans else None

@@ -30,6 +30,22 @@ def line_timestamp(line: str) -> datetime | None:
     return stamp.astimezone(UTC)
 
 
+def lines_since(text: str, start: datetime | None) -> str:
+    """The lines of ``text`` from ``start`` on: a line stating an earlier time is dropped, a
+    line stating none is kept (line endings kept as they are). ``start`` None keeps all.
+
+    For a node's kernel log: an Xid from before the job started on the node is the node's
+    history (its reputation), not this interruption's evidence."""
+    if start is None:
+        return text
+    kept = []
+    for line in text.splitlines(keepends=True):
+        stamp = line_timestamp(line)
+        if stamp is None or stamp >= start:
+            kept.append(line)
+    return "".join(kept)
+
+
 MAX_LINE_BYTES = 1 << 20
 
 

@@ -15,8 +15,8 @@ operator's drain) with :meth:`set_job` and :meth:`set_node`::
     await sched.drain_node("n1", "relaunch incident x")
     assert sched.drains == ["n1"]
 
-Besides the protocol it has what the action activities also call on ``SlurmCli``:
-``get_job_brief``, ``list_jobs_brief``, ``resubmit_identity`` and ``batch_script``.
+Besides the protocol (``get_job_brief`` and ``resubmit_identity`` included) it has what the
+watcher and the CLI also call on ``SlurmCli``: ``list_jobs_brief`` and ``batch_script``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from relaunch.activities.actions import ActionActivities
 from relaunch.activities.deps import Deps
 from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.connectors.slurm.base import Scheduler
-from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.recovery import (
     ActInput,
@@ -106,8 +105,7 @@ def activities(sched: FakeScheduler, audit: MemoryAudit | None = None) -> Action
     config = ClusterConfig(name=CLUSTER, database_url="postgresql://unused", bundle_dir="/tmp")
     deps = Deps(
         config=config,
-        # Deps names SlurmCli; the activities use only what FakeScheduler has.
-        scheduler=cast(SlurmCli, sched),
+        scheduler=sched,  # Deps takes the Scheduler protocol, which FakeScheduler satisfies
         audit=cast(AuditStore, audit if audit is not None else MemoryAudit()),
     )
     return ActionActivities(deps)

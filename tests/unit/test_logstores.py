@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from relaunch.activities.remote_logs import fetch_evidence_logs
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.logstores import (
     LogSelector,
     LokiStore,
     VictoriaLogsStore,
+    fetch_evidence_logs,
     job_selector,
     node_selector,
     open_log_store,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from relaunch.detection.lines import LineBuffer, LineSplitter
+from relaunch.detection.lines import LineBuffer, LineSplitter, lines_since
 from relaunch.detection.literals import required_literals
 from relaunch.detection.signatures import (
     MAX_LINE,
@@ -590,3 +590,17 @@ def test_many_hits_on_one_long_line_stay_linear() -> None:
     started = time.process_time()
     CATALOGUE.scan_bytes(data, source="job_log")
     assert time.process_time() - started < 2.0
+
+
+def test_lines_since_keeps_this_attempt_s_lines_and_the_unstamped_ones() -> None:
+    text = (
+        "2026-02-20T08:59:59Z NVRM: Xid (PCI:0000:07:00): 79, before the job\n"
+        "no time on this line\n"
+        "2026-02-20T09:00:00+00:00 NVRM: Xid (PCI:0000:07:00): 48, at the start\r\n"
+        "2026-02-20 10:00:01Z NVRM: Xid (PCI:0000:07:00): 79, after"
+    )
+    start = datetime(2026, 2, 20, 9, 0, tzinfo=UTC)
+    assert lines_since(text, None) == text
+    kept = lines_since(text, start)
+    assert kept.splitlines(keepends=True) == text.splitlines(keepends=True)[1:]
+    assert lines_since("", start) == ""

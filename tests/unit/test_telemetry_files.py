@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from relaunch.connectors.telemetry import ChangeFilter, TelemetryTail, append_samples, pci_key
+from relaunch.connectors.telemetry import (
+    ChangeFilter,
+    TelemetryTail,
+    append_samples,
+    attempt_samples,
+    pci_key,
+    read_job_telemetry,
+)
 from relaunch.connectors.telemetry.samples import throttle_reasons
 from relaunch.models.bundle import TelemetrySample, TelemetrySource
+from relaunch.models.scheduler import Job
 
 T0 = datetime(2026, 2, 20, 9, 0, tzinfo=UTC)
 
@@ -118,3 +126,39 @@ def test_pci_and_throttle_helpers() -> None:
     assert pci_key("00000000:00:1B.0") == "0000:00:1b"
     assert pci_key("GPU-123") is None
     assert throttle_reasons(0x1 | 0x4 | 0x80) == ["sw_power_cap", "hw_power_brake"]
+
+
+def _lines(*samples: TelemetrySample) -> str:
+    return "".join(s.model_dump_json(exclude_none=True) + "\n" for s in samples)
+
+
+def test_attempt_samples_keep_each_gpu_s_baseline_and_what_came_after() -> None:
+    early, late = T0 - timedelta(minutes=5), T0 - timedelta(minutes=1)
+    text = (
+        _lines(sample(time=early, ecc_dbe_volatile=1), sample(time=late, ecc_dbe_volatile=2))
+        + _lines(sample(gpu=1, time=early, ecc_dbe_volatile=0))
+        + '{"node": "gpu-node-07", "xid": \n'  # torn
+        + "not json\n"
+        + _lines(sample(time=T0, xid=79), sample(time=None, gpu=None, xid=13))
+    )
+    kept = attempt_samples(text, T0)
+    assert [(s.gpu, s.time, s.ecc_dbe_volatile, s.xid) for s in kept] == [
+        (0, late, 2, None),  # GPU 0's last sample before the start
+        (1, early, 0, None),
+        (0, T0, None, 79),
+        (None, None, None, 13),
+    ]
+    assert len(attempt_samples(text, None)) == 5  # no start: every sample
+    assert attempt_samples("", T0) == []
+
+
+async def test_read_job_telemetry_reads_each_node_s_file(tmp_path: Path) -> None:
+    pattern = str(tmp_path / "{node}" / "telemetry.jsonl")
+    before = T0 - timedelta(minutes=1)
+    append_samples(pattern.format(node="n1"), [sample(node="n1", time=before, xid=31)])
+    append_samples(pattern.format(node="n1"), [sample(node="n1", time=T0, xid=79)])
+    append_samples(pattern.format(node="n2"), [sample(node="n2", time=T0, xid=48)])
+    job = Job(job_id="7", nodes=["n1", "n2", "n3"], start_time=T0)
+    read = await read_job_telemetry(job, pattern, limit=1 << 20, timeout_s=5.0)
+    assert [(s.node, s.xid) for s in read] == [("n1", 31), ("n1", 79), ("n2", 48)]
+    assert await read_job_telemetry(job, None, limit=1 << 20, timeout_s=5.0) == []

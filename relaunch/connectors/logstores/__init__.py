@@ -11,6 +11,7 @@ from relaunch.connectors.logstores.base import (
     job_selector,
     node_selector,
 )
+from relaunch.connectors.logstores.evidence import fetch_evidence_logs
 from relaunch.connectors.logstores.loki import LokiStore
 from relaunch.connectors.logstores.victorialogs import VictoriaLogsStore
 from relaunch.models.logstore import LogBackend, LogStoreSettings
@@ -21,6 +22,7 @@ __all__ = [
     "LogStore",
     "LokiStore",
     "VictoriaLogsStore",
+    "fetch_evidence_logs",
     "job_selector",
     "node_selector",
     "open_log_store",

@@ -10,14 +10,15 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pydantic import BaseModel, Field
 
 from relaunch.models.notify import NotifyEvent
+from relaunch.models.search_attributes import Stage
 
 # The audit trail's stage rows that are worth telling someone about.
 STAGE_EVENTS: dict[str, NotifyEvent] = {
-    "awaiting_approval": NotifyEvent.RECOMMENDATION,
-    "done": NotifyEvent.ACTION,
-    "failed": NotifyEvent.FAILURE,
-    "held": NotifyEvent.FAILURE,
-    "expired": NotifyEvent.EXPIRY,
+    Stage.AWAITING_APPROVAL: NotifyEvent.RECOMMENDATION,
+    Stage.DONE: NotifyEvent.ACTION,
+    Stage.FAILED: NotifyEvent.FAILURE,
+    Stage.HELD: NotifyEvent.FAILURE,
+    Stage.EXPIRED: NotifyEvent.EXPIRY,
 }
 
 PAGERDUTY_SEVERITY = {

@@ -24,7 +24,20 @@ class SchedulerReader(Protocol):
 
 @runtime_checkable
 class Scheduler(SchedulerReader, Protocol):
-    """Reads plus idempotent actions: each reads fresh state, acts only if needed, verifies."""
+    """Reads plus idempotent actions: each reads fresh state, acts only if needed, verifies.
+
+    What the recovery's activities and the console call on a scheduler (``Deps.scheduler``):
+    ``SlurmCli``, ``SlurmRestScheduler`` and the tests' ``FakeScheduler`` provide it."""
+
+    async def get_job_brief(self, job_id: str) -> Job:
+        """One job from the cheap shared listing, for loops that poll a job's state and nodes
+        (``excluded_nodes`` may be empty)."""
+        ...
+
+    def resubmit_identity(self, job: Job) -> list[str]:
+        """The submit options that make a resubmission of ``job`` run as the job's own user;
+        ResubmitIdentityError when it cannot (checked before anything is cancelled)."""
+        ...
 
     async def drain_node(self, name: str, reason: str) -> ActionResult: ...
 

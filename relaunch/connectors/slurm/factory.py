@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from relaunch.connectors.slurm.base import Scheduler, SchedulerReader
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.connectors.slurm.composite import SlurmRestScheduler
 from relaunch.connectors.slurm.rest import JwtMinter, SlurmRest
@@ -15,6 +17,11 @@ from relaunch.models.config import ClusterConfig
 from relaunch.models.endpoints import SlurmRestSettings
 
 log = logging.getLogger("relaunch.slurm")
+
+if TYPE_CHECKING:  # mypy proves that each backend satisfies its protocol
+    _CLI: type[Scheduler] = SlurmCli
+    _IN_CLUSTER: type[Scheduler] = SlurmRestScheduler
+    _REST: type[SchedulerReader] = SlurmRest
 
 
 def slurm_cli(config: ClusterConfig) -> SlurmCli:
@@ -77,7 +84,7 @@ def slurm_scheduler(config: ClusterConfig) -> SlurmCli:
     return scheduler
 
 
-async def close_scheduler(scheduler: SlurmCli) -> None:
+async def close_scheduler(scheduler: Scheduler) -> None:
     """Release what ``slurm_scheduler`` opened (slurmrestd's HTTP connections)."""
     if isinstance(scheduler, SlurmRestScheduler):
         await scheduler.aclose()

@@ -1,7 +1,9 @@
-"""Telemetry as JSON lines in a file: the node agent appends, the watcher tails.
+"""Telemetry as JSON lines in a file: the node agent appends, the watcher tails, the evidence
+step reads the end of it.
 
 In the dev stack each node's agent writes ``.relaunch/nodes/<node>/telemetry.jsonl`` on a
-shared filesystem and the watcher reads every node's file with a :class:`TelemetryTail`.
+shared filesystem and the watcher reads every node's file with a :class:`TelemetryTail`; the
+evidence step reads the job's nodes' files once with :func:`read_job_telemetry`.
 """
 
 from __future__ import annotations
@@ -9,13 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+from datetime import datetime
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from relaunch.connectors.joboutput import FileAccess, read_tail
 from relaunch.connectors.logs import DEFAULT_MAX_READ, FileTail
 from relaunch.detection.lines import MAX_LINE_BYTES, LineSplitter
 from relaunch.models.bundle import TelemetrySample
+from relaunch.models.scheduler import Job
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,41 @@ def append_samples(path: str | os.PathLike[str], samples: list[TelemetrySample])
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+
+
+def attempt_samples(text: str, start: datetime | None) -> list[TelemetrySample]:
+    """The samples in ``text`` (JSON lines) that matter to a job attempt started at ``start``:
+    each GPU's last sample before the start (the baseline a counter must rise above), then
+    every sample from the start on (and any without a time), in file order. A torn or foreign
+    line is skipped: the agent's other lines still count. ``start`` None keeps every sample."""
+    before: dict[int | None, TelemetrySample] = {}
+    during: list[TelemetrySample] = []
+    for line in text.splitlines():
+        try:
+            sample = TelemetrySample.model_validate_json(line)
+        except ValueError:
+            continue
+        if start and sample.time and sample.time < start:
+            before[sample.gpu] = sample
+        else:
+            during.append(sample)
+    return [*before.values(), *during]
+
+
+async def read_job_telemetry(
+    job: Job, pattern: str | None, *, limit: int, timeout_s: float
+) -> list[TelemetrySample]:
+    """The job's nodes' agent samples (the last ``limit`` bytes of each node's file, the path
+    ``pattern`` with ``{node}`` filled in): see :func:`attempt_samples`."""
+    if not pattern:
+        return []
+    out: list[TelemetrySample] = []
+    for node in job.nodes:
+        read = await read_tail(
+            pattern.format(node=node), FileAccess.operator_file(), limit, timeout_s=timeout_s
+        )
+        out += attempt_samples(read.text, job.start_time)
+    return out
 
 
 def _short(exc: Exception) -> str:

@@ -7,7 +7,7 @@ import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 
-from relaunch.connectors.logstores import LogLine, LogStore, job_selector, node_selector
+from relaunch.connectors.logstores.base import LogLine, LogStore, job_selector, node_selector
 from relaunch.models.scheduler import Job
 
 # A job the scheduler reports without a start time: look back this far.
