@@ -139,7 +139,7 @@ async def bench(runs: int) -> None:
         for name in ("worker", "watch"):
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "relaunch.workers.cli", name, "--config", str(cfg_path)],
+                    [sys.executable, "-m", "relaunch.cli", name, "--config", str(cfg_path)],
                     stdout=open(root / f"{name}.log", "wb"),
                     stderr=subprocess.STDOUT,
                 )

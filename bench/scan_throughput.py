@@ -116,7 +116,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 def classify_child(bundle: Path) -> tuple[float, float, int, str]:
     """(wall s, CPU s, peak RSS in bytes, stdout) of ``relaunch classify --json bundle``."""
-    code = "import sys; from relaunch.workers.cli import main; sys.argv[0] = 'relaunch'; main()"
+    code = "import sys; from relaunch.cli import main; sys.argv[0] = 'relaunch'; main()"
     wall = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", _LAUNCHER, "-c", code, "classify", "--json", str(bundle)],

@@ -34,7 +34,7 @@ from relaunch.workflows.recovery import RecoveryWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".relaunch"
-RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
+RELAUNCH = [sys.executable, "-m", "relaunch.cli"]
 STEP_LINE = r"step=\d+ loss"
 
 

@@ -25,7 +25,7 @@ timeout 30 nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv,noheader >"
 count=$(timeout 30 nvidia-smi -L | grep -c '^GPU ')
 [ "$count" -gt 0 ] && pass "nvidia-smi lists $count GPU(s)" || fail "nvidia-smi lists no GPU"
 
-if timeout 60 "$PY" -m relaunch.workers.cli agent --once --node "$node" \
+if timeout 60 "$PY" -m relaunch.cli agent --once --node "$node" \
         >"$work/once.jsonl" 2>"$work/once.err"; then
     pass "relaunch agent --once exited 0"
 else
@@ -67,7 +67,7 @@ sys.exit(0 if ok else 1)
 PYEOF
 
 # The collector running for a few seconds: first samples written, events registered, clean stop.
-"$PY" -m relaunch.workers.cli agent --node "$node" --interval 1 --output "$work/run.jsonl" \
+"$PY" -m relaunch.cli agent --node "$node" --interval 1 --output "$work/run.jsonl" \
     2>"$work/run.err" &
 pid=$!
 sleep 6

@@ -224,7 +224,7 @@ class BenchStack:
             for proc in ("worker", "watch"):
                 out = open(self.root / f"{self.name}-{proc}.log", "ab")  # noqa: SIM115
                 self.procs[proc] = subprocess.Popen(
-                    [sys.executable, "-m", "relaunch.workers.cli", proc, "--config", str(path)],
+                    [sys.executable, "-m", "relaunch.cli", proc, "--config", str(path)],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=ROOT,

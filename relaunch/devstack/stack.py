@@ -304,7 +304,7 @@ class Stack:
                     [
                         sys.executable,
                         "-m",
-                        "relaunch.workers.cli",
+                        "relaunch.cli",
                         name,
                         "--config",
                         str(self.cluster_config_path),

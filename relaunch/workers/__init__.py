@@ -1,1 +1,1 @@
-"""Process entrypoints: the `relaunch` CLI, the Temporal worker, the watcher and the node agent."""
+"""The long-running processes: the Temporal worker, the watcher and the node agent."""

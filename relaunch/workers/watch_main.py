@@ -11,13 +11,13 @@ from relaunch.connectors.liveness import LivenessMonitor, make_prober
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
+from relaunch.connectors.temporal import connect
 from relaunch.models.config import ClusterConfig, ProbeMethod
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Detection
 from relaunch.models.scheduler import Job, Node
-from relaunch.workers import recovery_client
 from relaunch.workers.watcher import WatchConfig, Watcher
-from relaunch.workers.worker import connect
+from relaunch.workflows import recovery_client
 
 log = logging.getLogger("relaunch.watch")
 

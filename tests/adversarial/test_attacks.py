@@ -136,7 +136,7 @@ async def test_fake_xid_lines_build_no_reputation_against_another_users_job(
         assert verdict is not None and plan is not None, status
         assert plan.drain_nodes == [], plan
     nodes = subprocess.run(
-        [sys.executable, "-m", "relaunch.workers.cli", "nodes", "--json"]
+        [sys.executable, "-m", "relaunch.cli", "nodes", "--json"]
         + ["--config", str(t.h.config_path)],
         capture_output=True,
         text=True,

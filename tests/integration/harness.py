@@ -80,7 +80,7 @@ class Harness:
         offset = path.stat().st_size if path.exists() else 0
         log = open(path, "ab")  # noqa: SIM115 - owned by the process
         proc = self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "relaunch.workers.cli", name, "--config", str(self.config_path)],
+            [sys.executable, "-m", "relaunch.cli", name, "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,

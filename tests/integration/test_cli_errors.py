@@ -12,7 +12,7 @@ import pytest
 from relaunch.devstack import procs
 from relaunch.devstack.stack import Stack
 
-RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
+RELAUNCH = [sys.executable, "-m", "relaunch.cli"]
 
 
 def relaunch(

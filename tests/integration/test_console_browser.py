@@ -21,7 +21,7 @@ from relaunch.console.auth import Role, write_tokens
 from relaunch.devstack import procs
 from relaunch.models.config import ConsoleSettings
 from relaunch.models.recovery import Mode, Policy, Stage
-from relaunch.workers import recovery_client
+from relaunch.workflows import recovery_client
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import Harness
 from tests.integration.test_recovery import start_training

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
+from relaunch.cli.console import TemporalDecider
 from relaunch.console.app import create_app
 from relaunch.console.auth import Role, write_tokens
 from relaunch.console.intake import intake_incident
@@ -28,7 +29,6 @@ from relaunch.devstack import procs
 from relaunch.devstack.stack import Stack
 from relaunch.models.config import ClusterConfig, ConsoleSettings
 from relaunch.models.recovery import Approval, Detection, Mode, Policy, Stage
-from relaunch.workers.cli_console import TemporalDecider
 from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.integration.serve import serve
 from tests.integration.test_recovery import start_training

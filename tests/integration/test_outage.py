@@ -47,7 +47,7 @@ from relaunch.models.recovery import (
     Stage,
 )
 from relaunch.models.scheduler import JobState
-from relaunch.workers import recovery_client
+from relaunch.workflows import recovery_client
 from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.integration.conftest import MakeHarness
 from tests.integration.helpers import wait_job

@@ -25,14 +25,14 @@ from relaunch.models.recovery import (
     Stage,
 )
 from relaunch.models.scheduler import JobState
-from relaunch.workers import recovery_client
+from relaunch.workflows import recovery_client
 from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import Harness
 from tests.integration.helpers import wait_job
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
-RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
+RELAUNCH = [sys.executable, "-m", "relaunch.cli"]
 
 
 async def save_history(h: Harness, incident: str, name: str) -> None:

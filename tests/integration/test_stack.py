@@ -21,7 +21,7 @@ from relaunch.devstack.services import temporal_binary
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.models.search_attributes import SEARCH_ATTRIBUTES
 
-RELAUNCH = [sys.executable, "-m", "relaunch.workers.cli"]
+RELAUNCH = [sys.executable, "-m", "relaunch.cli"]
 
 
 def test_shell_tools_see_the_stack(stack: Stack, slurm_env: dict[str, str]) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from relaunch.cli import cli
 from relaunch.connectors.bundles import write_bundle
 from relaunch.models.bundle import BundleJob
-from relaunch.workers.cli import cli
 
 XID = (
     "2026-11-30T10:01:00+00:00 n2 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "

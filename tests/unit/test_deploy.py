@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from relaunch.cli import cli
 from relaunch.models.config import ClusterConfig
-from relaunch.workers.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -1,5 +1,6 @@
 """In-cluster mode without a cluster: the `slurmrestd` and `temporal_tls` sections, JWT renewal,
-the REST-backed scheduler's split of work between slurmrestd and the CLI, and Temporal's TLS."""
+the REST-backed scheduler's split of work between slurmrestd and the CLI (building Temporal's
+TLS from the section: test_temporal_connect.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import httpx
 import jwt
 import pytest
 from pydantic import ValidationError
-from temporalio.client import Client
-from temporalio.service import TLSConfig
 
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.connectors.slurm.composite import SlurmRestScheduler
@@ -23,7 +22,6 @@ from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.models.config import ClusterConfig
 from relaunch.models.endpoints import SlurmRestSettings, TemporalTlsSettings
 from relaunch.models.errors import SchedulerError
-from relaunch.workers import worker
 
 KEY = b"0123456789abcdef0123456789abcdef-test-jwt-key"
 
@@ -258,46 +256,3 @@ async def test_the_factory_picks_the_backend(key_file: Path) -> None:
     assert isinstance(sched, SlurmRestScheduler)
     await close_scheduler(sched)
     await close_scheduler(plain)
-
-
-# ---------------------------------------------------------------------- Temporal TLS
-
-
-def test_tls_config_is_built_from_the_files(tmp_path: Path) -> None:
-    files = {name: tmp_path / name for name in ("tls.crt", "tls.key", "ca.crt")}
-    for name, path in files.items():
-        path.write_bytes(f"-----BEGIN {name}-----\n".encode())
-    settings = TemporalTlsSettings(
-        client_cert=str(files["tls.crt"]),
-        client_key=str(files["tls.key"]),
-        server_root_ca_cert=str(files["ca.crt"]),
-        server_name="temporal.internal",
-    )
-    assert worker.tls_config(settings) == TLSConfig(
-        server_root_ca_cert=b"-----BEGIN ca.crt-----\n",
-        domain="temporal.internal",
-        client_cert=b"-----BEGIN tls.crt-----\n",
-        client_private_key=b"-----BEGIN tls.key-----\n",
-    )
-    assert worker.tls_config(None) is False
-    server_only = worker.tls_config(TemporalTlsSettings())
-    assert server_only == TLSConfig()  # TLS with the system's trust store, no client cert
-    files["tls.key"].unlink()
-    with pytest.raises(worker.TemporalTlsError, match="temporal_tls.client_key"):
-        worker.tls_config(settings)
-
-
-async def test_connect_passes_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ca = tmp_path / "ca.crt"
-    ca.write_bytes(b"CA")
-    seen: dict[str, Any] = {}
-
-    async def fake_connect(target: str, **kwargs: Any) -> str:
-        seen.update(kwargs, target=target)
-        return "client"
-
-    monkeypatch.setattr(Client, "connect", fake_connect)
-    await worker.connect(cluster(temporal_tls={"server_root_ca_cert": str(ca)}))
-    assert seen["tls"] == TLSConfig(server_root_ca_cert=b"CA")
-    await worker.connect(cluster())
-    assert seen["tls"] is False

@@ -36,7 +36,7 @@ HAS_GPU = shutil.which("nvidia-smi") is not None
 @pytest.mark.skipif(HAS_GPU, reason="this machine has an NVIDIA driver")
 def test_no_gpu_exits_69_with_one_clear_line() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "relaunch.workers.cli", "agent", "--once", "--node", "n1"],
+        [sys.executable, "-m", "relaunch.cli", "agent", "--once", "--node", "n1"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from relaunch.cli.attribution import explain
+from relaunch.cli.recovery import format_timeline
+from relaunch.cli.terminal import printable
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.detection.attribution import attribute_bundle
 from relaunch.models.bundle import BundleJob
 from relaunch.models.config import ClusterConfig
-from relaunch.workers.cli_attribution import explain
-from relaunch.workers.cli_recovery import format_timeline
-from relaunch.workers.terminal import printable
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from relaunch.cli import cli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import (
@@ -51,8 +52,7 @@ from relaunch.models.recovery import (
     VerifyInput,
     recovery_workflow_id,
 )
-from relaunch.workers import recovery_client
-from relaunch.workers.cli import cli
+from relaunch.workflows import recovery_client
 from relaunch.workflows.recovery import (
     SA_AWAITING,
     SA_CATEGORY,

@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from relaunch.cli.attribution import classify_json, explain
 from relaunch.detection.attribution import attribute_bundle, implicated
 from relaunch.detection.findings import telemetry_findings
 from relaunch.detection.signatures import Catalogue, Role
 from relaunch.detection.xids import Bucket, Outcome, judge, xid_table
 from relaunch.models.bundle import Bundle, BundleJob, TelemetrySample
 from relaunch.models.recovery import Action, Category
-from relaunch.workers.cli_attribution import classify_json, explain
 
 # "Unused" codes (deprecated, or for V100 and older): CONTACT_SUPPORT should one appear.
 UNUSED = {1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 26, 27, 28,

@@ -14,6 +14,8 @@ from urllib.parse import quote
 import click
 from pydantic import ValidationError
 
+from relaunch.cli.errors import fail as _fail
+from relaunch.cli.terminal import printable
 from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
@@ -23,8 +25,6 @@ from relaunch.models.recovery import (
     parse_recovery_id,
     same_attempt_ids,
 )
-from relaunch.workers.cli_errors import fail as _fail
-from relaunch.workers.terminal import printable
 
 
 def cluster_config_path(state_dir: Path, cluster: str) -> Path:
@@ -108,8 +108,8 @@ def register(cli: click.Group) -> None:
         _serve(run_watch, config_path, cluster, state_dir)
 
     def _decide(decision: str, incident: str, by: str, reason: str, config: ClusterConfig) -> None:
-        from relaunch.workers import recovery_client
-        from relaunch.workers.worker import connect
+        from relaunch.connectors.temporal import connect
+        from relaunch.workflows import recovery_client
 
         async def go() -> None:
             client = await connect(config)

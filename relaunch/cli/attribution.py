@@ -11,15 +11,15 @@ from pathlib import Path
 
 import click
 
+from relaunch.cli.errors import fail
+from relaunch.cli.recovery import config_options, load_config
+from relaunch.cli.terminal import printable
 from relaunch.connectors.bundles import read_bundle
 from relaunch.detection.attribution import attribute_bundle
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.bundle import Bundle
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import EvidenceLine, Verdict, XidEvidence
-from relaunch.workers.cli_errors import fail
-from relaunch.workers.cli_recovery import config_options, load_config
-from relaunch.workers.terminal import printable
 
 _ROLE_MARK = {"root": "▶", "confirm": "+", "cascade": "·", "teardown": "·", "context": "?"}
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import click
 from temporalio.client import Client
 
+from relaunch.cli.errors import fail as _fail
+from relaunch.cli.recovery import config_options, load_config
 from relaunch.connectors.slurm.factory import slurm_scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Approval, Detection
-from relaunch.workers.cli_errors import fail as _fail
-from relaunch.workers.cli_recovery import config_options, load_config
 
 
 class TemporalDecider:
@@ -26,8 +26,8 @@ class TemporalDecider:
         self._lock = asyncio.Lock()
 
     async def __call__(self, incident: str, decision: str, approval: Approval) -> object:
-        from relaunch.workers import recovery_client
-        from relaunch.workers.worker import connect
+        from relaunch.connectors.temporal import connect
+        from relaunch.workflows import recovery_client
 
         async with self._lock:
             if self._client is None:
@@ -36,8 +36,8 @@ class TemporalDecider:
 
     async def deliver(self, det: Detection) -> bool:
         """A pushed-in detection (the console's intake): signal-with-start, as the watcher."""
-        from relaunch.workers import recovery_client
-        from relaunch.workers.worker import connect
+        from relaunch.connectors.temporal import connect
+        from relaunch.workflows import recovery_client
 
         async with self._lock:
             if self._client is None:
@@ -60,9 +60,9 @@ def register(cli: click.Group) -> None:
         configuration names notify channels)."""
         import uvicorn
 
+        from relaunch.cli.recovery import _logging
         from relaunch.console.app import create_app
         from relaunch.console.web import Services
-        from relaunch.workers.cli_recovery import _logging
 
         try:
             config = load_config(config_path, cluster, state_dir)

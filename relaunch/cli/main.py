@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 
 import click
 
+from relaunch.cli.errors import exit_code
+from relaunch.cli.errors import fail as _fail
 from relaunch.connectors.slurm.cli import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig, StackStatus
 from relaunch.models.errors import RelaunchError
 from relaunch.models.scheduler import ActionResult, Job, Node
-from relaunch.workers.cli_errors import exit_code
-from relaunch.workers.cli_errors import fail as _fail
 
 T = TypeVar("T")
 
@@ -296,11 +296,13 @@ def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
     _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
 
 
-from relaunch.workers import cli_attribution, cli_console, cli_recovery  # noqa: E402
+from relaunch.cli import attribution as attribution_commands  # noqa: E402
+from relaunch.cli import console as console_commands  # noqa: E402
+from relaunch.cli import recovery as recovery_commands  # noqa: E402
 
-cli_recovery.register(cli)
-cli_attribution.register(cli)
-cli_console.register(cli)
+recovery_commands.register(cli)
+attribution_commands.register(cli)
+console_commands.register(cli)
 
 from relaunch.workers import agent as agent_command  # noqa: E402
 
@@ -329,7 +331,3 @@ def main() -> None:
     sys.stderr.flush()
     logging.shutdown()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    main()
