@@ -1,4 +1,4 @@
-"""Benchmark the Slurm CLI adapter (relaunch.connectors.slurm.cli.SlurmCli) on a real local Slurm.
+"""Benchmark the Slurm CLI adapter (relaunch.connectors.slurm.commands) on a real local Slurm.
 
 Starts private local stacks (temporary state directories, free ports), measures
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.slurm import ctld_pid, slurmd_pid
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.models.errors import InvalidStateError, RelaunchError

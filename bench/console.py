@@ -30,7 +30,7 @@ from psycopg.types.json import Jsonb
 
 from relaunch.connectors.audit import AuditStore
 from relaunch.console.app import create_app
-from relaunch.console.auth import Role, write_tokens
+from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack import services
 from relaunch.models.config import ClusterConfig
 
@@ -298,7 +298,7 @@ def seed(url: str, incidents: int, rng: random.Random) -> int:
 async def measure(
     url: str, tmp: Path, requests: int
 ) -> tuple[list[tuple[str, float, float, float]], int]:
-    tokens = write_tokens(tmp / "tokens.json", [("bench", Role.ADMIN)])
+    tokens = write_tokens(tmp / "tokens.json", [("bench", ConsoleRole.ADMIN)])
     config = ClusterConfig(name=CLUSTER, database_url=url, bundle_dir=str(tmp / "bundles"))
     app = create_app(config, tokens_file=tmp / "tokens.json", secret="bench-secret-0123456789")
     headers = {"authorization": f"Bearer {tokens['bench']}"}

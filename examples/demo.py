@@ -23,7 +23,7 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack import faults
 from relaunch.devstack.stack import Stack
 from relaunch.devstack.workload import submit_training

@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.devstack.workload import EXAMPLES, TRAIN_SCRIPT

@@ -18,7 +18,7 @@ from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.joboutput import FileEvidence, read_file_evidence
 from relaunch.connectors.liveness import ProbeError, ProbeTarget
 from relaunch.connectors.logstores import fetch_evidence_logs
-from relaunch.connectors.slurm.cli import LINEAGE_KEY
+from relaunch.connectors.slurm.commands import LINEAGE_KEY
 from relaunch.connectors.telemetry import read_job_telemetry
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import lines_since

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 from temporalio.client import Client
 
-from relaunch.cli.errors import fail as _fail
-from relaunch.cli.recovery import config_options, load_config
+from relaunch.cli.exits import fail as _fail
+from relaunch.cli.incidents import config_options, load_config
 from relaunch.connectors.slurm.factory import slurm_scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
@@ -60,7 +60,7 @@ def register(cli: click.Group) -> None:
         configuration names notify channels)."""
         import uvicorn
 
-        from relaunch.cli.recovery import _logging
+        from relaunch.cli.incidents import _logging
         from relaunch.console.app import create_app
         from relaunch.console.web import Services
 

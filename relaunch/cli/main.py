@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import click
 
-from relaunch.cli.errors import exit_code
-from relaunch.cli.errors import fail as _fail
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.cli.exits import exit_code
+from relaunch.cli.exits import fail as _fail
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig, StackStatus
 from relaunch.models.errors import RelaunchError
 from relaunch.models.scheduler import ActionResult, Job, Node
@@ -296,12 +296,12 @@ def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
     _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
 
 
-from relaunch.cli import attribution as attribution_commands  # noqa: E402
 from relaunch.cli import console as console_commands  # noqa: E402
-from relaunch.cli import recovery as recovery_commands  # noqa: E402
+from relaunch.cli import incidents as incident_commands  # noqa: E402
+from relaunch.cli import verdicts as verdict_commands  # noqa: E402
 
-recovery_commands.register(cli)
-attribution_commands.register(cli)
+incident_commands.register(cli)
+verdict_commands.register(cli)
 console_commands.register(cli)
 
 from relaunch.workers import agent as agent_command  # noqa: E402

@@ -23,7 +23,7 @@ SESSION_COOKIE = "relaunch_session"
 SESSION_MAX_AGE_S = 12 * 3600
 
 
-class Role(StrEnum):
+class ConsoleRole(StrEnum):
     """Viewer < approver < admin: each may do what the ones before it may. ``intake`` stands
     apart: a machine sender (Alertmanager, a Slurm hook) that may push signals in and nothing
     else, and that no person's role includes."""
@@ -37,20 +37,25 @@ class Role(StrEnum):
     def rank(self) -> int:
         return _RANK[self]
 
-    def allows(self, needed: Role) -> bool:
-        if Role.INTAKE in (self, needed):
+    def allows(self, needed: ConsoleRole) -> bool:
+        if ConsoleRole.INTAKE in (self, needed):
             return self is needed
         return self.rank >= needed.rank
 
 
-_RANK = {Role.INTAKE: 0, Role.VIEWER: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+_RANK = {
+    ConsoleRole.INTAKE: 0,
+    ConsoleRole.VIEWER: 1,
+    ConsoleRole.APPROVER: 2,
+    ConsoleRole.ADMIN: 3,
+}
 
 
 class TokenEntry(BaseModel):
     """One line of the tokens file: a name, a role, and the SHA-256 of the token (hex)."""
 
     name: str
-    role: Role
+    role: ConsoleRole
     sha256: str
 
 
@@ -58,10 +63,10 @@ class User(BaseModel):
     """A signed-in person (the name goes into the audit trail)."""
 
     name: str
-    role: Role
+    role: ConsoleRole
     sha256: str
 
-    def can(self, needed: Role) -> bool:
+    def can(self, needed: ConsoleRole) -> bool:
         return self.role.allows(needed)
 
 
@@ -127,7 +132,7 @@ class TokenStore:
         return None
 
 
-def write_tokens(path: Path, users: list[tuple[str, Role]]) -> dict[str, str]:
+def write_tokens(path: Path, users: list[tuple[str, ConsoleRole]]) -> dict[str, str]:
     """Create a tokens file for these (name, role) pairs; returns {name: plaintext token}."""
     tokens = {name: new_token() for name, _ in users}
     entries = [

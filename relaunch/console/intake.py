@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaunch.console.auth import Role
+from relaunch.console.auth import ConsoleRole
 from relaunch.console.web import Console, console
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.intake import (
@@ -78,7 +78,7 @@ def _authorize(request: Request, c: Console) -> str:
     user = c.tokens.authenticate(header[7:])
     if user is None:
         raise IntakeRefused(401, "unknown or revoked token", "authorization")
-    if not user.can(Role.INTAKE):
+    if not user.can(ConsoleRole.INTAKE):
         raise IntakeRefused(403, f"{user.name} is a {user.role}, not an intake sender", None)
     return user.name
 

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from relaunch.console.auth import Role
+from relaunch.console.auth import ConsoleRole
 from relaunch.console.queries import ConsoleDb
 from relaunch.console.web import authenticate, console, require
 from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
@@ -190,7 +190,7 @@ async def metrics(request: Request) -> Response:
         return PlainTextResponse(
             "a viewer token is required", 401, headers={"www-authenticate": "Bearer"}
         )
-    require(request, Role.VIEWER)
+    require(request, ConsoleRole.VIEWER)
     body = await render(console(request).db)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 

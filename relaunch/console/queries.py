@@ -159,8 +159,9 @@ class ConsoleDb:
                 hint="is PostgreSQL running (`relaunch dev status`)?",
             ) from exc
 
-    async def _from_store(self, query: Callable[[AuditStore], Awaitable[T]]) -> T:
-        """One of the audit store's queries, on this pool (the schema migrated first)."""
+    async def from_store(self, query: Callable[[AuditStore], Awaitable[T]]) -> T:
+        """One of the audit store's queries, on this pool: the schema migrated first, and a
+        database that does not answer is the typed DatabaseUnavailableError (a 503)."""
         if not self._migrated:
             async with self.connection():
                 pass
@@ -310,7 +311,7 @@ class ConsoleDb:
         return {str(r["node"]): NodeDrain.model_validate(r) for r in rows}
 
     async def reputation(self, cluster: str, since: datetime) -> list[NodeReputation]:
-        return await self._from_store(lambda store: store.node_reputation(cluster, since))
+        return await self.from_store(lambda store: store.node_reputation(cluster, since))
 
     # ------------------------------------------------------------------ jobs
 

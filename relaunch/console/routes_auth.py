@@ -7,7 +7,7 @@ from urllib.parse import parse_qsl
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
-from relaunch.console.auth import SESSION_COOKIE, SESSION_MAX_AGE_S, Role
+from relaunch.console.auth import SESSION_COOKIE, SESSION_MAX_AGE_S, ConsoleRole
 from relaunch.console.live import stream
 from relaunch.console.web import console, nonce, render, require, require_post
 
@@ -111,7 +111,7 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    await require_post(request, Role.VIEWER)
+    await require_post(request, ConsoleRole.VIEWER)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

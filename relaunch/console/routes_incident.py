@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relaunch.connectors.audit import StoredEvent
-from relaunch.console.auth import Role
+from relaunch.console.auth import ConsoleRole
 from relaunch.console.web import (
     Auth,
     Conflict,
@@ -136,7 +136,7 @@ async def _context(request: Request, incident_id: str) -> dict[str, Any]:
     summary = await c.db.incident(incident_id)  # the schema migrated, PostgreSQL answering
     if summary is None:
         raise NotFound(f"no incident {incident_id!r}: the audit trail has no such id")
-    events = await c.db.store.events(incident_id)
+    events = await c.db.from_store(lambda store: store.events(incident_id))
     now = datetime.now(UTC)
     spans = stages(events, now)
     current = spans[-1].stage if spans else None
@@ -178,7 +178,7 @@ async def decide(request: Request) -> Response:
     decision = request.path_params["decision"]
     if decision not in {"approve", "reject"}:
         raise NotFound(f"no such decision {decision!r}")
-    auth, form = await require_post(request, Role.APPROVER)
+    auth, form = await require_post(request, ConsoleRole.APPROVER)
     c = console(request)
     incident_id = request.path_params["incident_id"]
     if await c.db.incident(incident_id) is None:

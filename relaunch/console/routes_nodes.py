@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 
 from relaunch.connectors.audit import NodeReputation
 from relaunch.console import kpis
-from relaunch.console.auth import Role
+from relaunch.console.auth import ConsoleRole
 from relaunch.console.queries import NodeDrain
 from relaunch.console.web import (
     Conflict,
@@ -97,7 +97,7 @@ async def nodes_page(request: Request) -> Response:
 
 
 async def resume(request: Request) -> Response:
-    auth, _ = await require_post(request, Role.ADMIN)
+    auth, _ = await require_post(request, ConsoleRole.ADMIN)
     c = console(request)
     name = request.path_params["node"]
     sched = c.services.scheduler

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from relaunch.connectors.slurm.base import Scheduler
-from relaunch.console.auth import SESSION_COOKIE, Role, Sessions, TokenStore, User
+from relaunch.console.auth import SESSION_COOKIE, ConsoleRole, Sessions, TokenStore, User
 from relaunch.console.kpis import human_duration
 from relaunch.console.live import Broadcaster
 from relaunch.console.queries import ConsoleDb
@@ -126,8 +126,8 @@ class Auth:
         return {
             "user": self.user,
             "csrf": self.csrf,
-            "can_approve": self.user.can(Role.APPROVER),
-            "can_admin": self.user.can(Role.ADMIN),
+            "can_approve": self.user.can(ConsoleRole.APPROVER),
+            "can_admin": self.user.can(ConsoleRole.ADMIN),
         }
 
 
@@ -148,7 +148,7 @@ def authenticate(request: Request) -> Auth | None:
     return Auth(user=user, sid=sid, csrf=c.sessions.csrf_token(sid)) if user else None
 
 
-def require(request: Request, role: Role = Role.VIEWER) -> Auth:
+def require(request: Request, role: ConsoleRole = ConsoleRole.VIEWER) -> Auth:
     auth = authenticate(request)
     if auth is None:
         raise NotSignedIn("sign in with your console token")
@@ -157,7 +157,7 @@ def require(request: Request, role: Role = Role.VIEWER) -> Auth:
     return auth
 
 
-async def require_post(request: Request, role: Role) -> tuple[Auth, dict[str, str]]:
+async def require_post(request: Request, role: ConsoleRole) -> tuple[Auth, dict[str, str]]:
     """A state-changing form: the role, then the session's CSRF token (Bearer needs none)."""
     auth = require(request, role)
     form = await request.form()

@@ -18,8 +18,8 @@ import psutil
 import psycopg
 from pydantic import BaseModel, Field
 
-from relaunch.connectors.slurm.cli import SlurmCli
-from relaunch.console.auth import Role, write_tokens
+from relaunch.connectors.slurm.commands import SlurmCli
+from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack import procs, services
 from relaunch.devstack.slurm import (
     SlurmLayout,
@@ -41,7 +41,11 @@ from relaunch.models.scheduler import NodeState
 
 DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
 SERVICES = ("worker", "watch", "console")
-CONSOLE_USERS = (("viewer", Role.VIEWER), ("approver", Role.APPROVER), ("admin", Role.ADMIN))
+CONSOLE_USERS = (
+    ("viewer", ConsoleRole.VIEWER),
+    ("approver", ConsoleRole.APPROVER),
+    ("admin", ConsoleRole.ADMIN),
+)
 
 
 class StackConfig(BaseModel):

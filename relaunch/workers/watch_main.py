@@ -8,7 +8,7 @@ import logging
 import signal
 
 from relaunch.connectors.liveness import LivenessMonitor, make_prober
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
 from relaunch.connectors.temporal import connect

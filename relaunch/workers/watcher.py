@@ -50,7 +50,7 @@ from pydantic import BaseModel, Field, field_validator
 from relaunch.connectors.joboutput import FileAccess
 from relaunch.connectors.liveness import LivenessMonitor
 from relaunch.connectors.logs import FileTail
-from relaunch.connectors.slurm.cli import LINEAGE_KEY
+from relaunch.connectors.slurm.commands import LINEAGE_KEY
 from relaunch.connectors.telemetry import TelemetryTail
 from relaunch.detection.findings import normalise_host, telemetry_findings
 from relaunch.detection.progress import MAX_RANKS, ProgressTracker

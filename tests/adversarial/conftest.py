@@ -21,7 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from relaunch.connectors.audit import AuditStore
 from relaunch.console.app import create_app
-from relaunch.console.auth import Role, write_tokens
+from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.console.web import Services
 from relaunch.devstack.stack import Stack
 from relaunch.models.config import ConsoleSettings
@@ -64,7 +64,7 @@ async def tier(stack: Stack, request: pytest.FixtureRequest) -> AsyncIterator[Ti
     audit = await AuditStore.open(stack.database_url)
     h = Harness(stack, root, client, audit, getattr(request.module, "POLICY", DEFAULT_POLICY))
     tokens_file = root / "tokens.json"
-    token = write_tokens(tokens_file, [("vera", Role.VIEWER)])["vera"]
+    token = write_tokens(tokens_file, [("vera", ConsoleRole.VIEWER)])["vera"]
     updates: dict[str, object] = {"console": ConsoleSettings(tokens_file=str(tokens_file))}
     ssh_user = getattr(request.module, "SSH_USER", None)
     if ssh_user:

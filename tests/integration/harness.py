@@ -19,7 +19,7 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHandle
 
 from relaunch.connectors.audit import AuditStore, StoredEvent
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack import faults, procs
 from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import Stack

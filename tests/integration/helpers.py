@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.models.scheduler import Job, JobState
 
 TRAIN_SCRIPT = """#!/bin/bash

@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 
 from relaunch.connectors.audit import AuditStore
 from relaunch.console.app import create_app
-from relaunch.console.auth import Role, write_tokens
+from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.console.web import Services
 from relaunch.devstack import procs
 from relaunch.devstack.stack import Stack
@@ -30,7 +30,7 @@ from relaunch.models.config import ClusterConfig, ConsoleSettings
 from relaunch.models.recovery import Approval, AuditRecord
 
 SECRET = "console-test-session-secret-0123456789"
-USERS = [("vera", Role.VIEWER), ("april", Role.APPROVER), ("adam", Role.ADMIN)]
+USERS = [("vera", ConsoleRole.VIEWER), ("april", ConsoleRole.APPROVER), ("adam", ConsoleRole.ADMIN)]
 
 
 @dataclass
@@ -305,9 +305,9 @@ def test_every_page_renders_for_each_role(client: TestClient, env: Env, name: st
     assert "workflows/" + env.pending in incident  # the Temporal UI link
     nodes = client.get("/nodes").text
     role = dict(USERS)[name]
-    assert ('data-test="approve"' in incident) == (role is not Role.VIEWER)
-    assert ('data-test="reject"' in incident) == (role is not Role.VIEWER)
-    assert ('data-test="resume"' in nodes) == (role is Role.ADMIN)
+    assert ('data-test="approve"' in incident) == (role is not ConsoleRole.VIEWER)
+    assert ('data-test="reject"' in incident) == (role is not ConsoleRole.VIEWER)
+    assert ('data-test="resume"' in nodes) == (role is ConsoleRole.ADMIN)
     overview = client.get("/").text
     assert 'data-test="pending-approvals"' in overview and env.pending in overview
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
-from relaunch.console.auth import Role, write_tokens
+from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack import procs
 from relaunch.models.config import ConsoleSettings
 from relaunch.models.recovery import Mode, Policy, Stage
@@ -66,7 +66,11 @@ async def shot(page: Page, name: str) -> None:
 
 
 def console_for(h: Harness) -> tuple[str, dict[str, str]]:
-    users = [("vera", Role.VIEWER), ("april", Role.APPROVER), ("adam", Role.ADMIN)]
+    users = [
+        ("vera", ConsoleRole.VIEWER),
+        ("april", ConsoleRole.APPROVER),
+        ("adam", ConsoleRole.ADMIN),
+    ]
     tokens = write_tokens(h.tmp / h.config.name / "console-tokens.json", users)
     port = procs.free_port()
     h.configure(

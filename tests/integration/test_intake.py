@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 
 from relaunch.cli.console import TemporalDecider
 from relaunch.console.app import create_app
-from relaunch.console.auth import Role, write_tokens
+from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.console.intake import intake_incident
 from relaunch.console.web import Services
 from relaunch.devstack import procs
@@ -36,7 +36,7 @@ from tests.integration.test_recovery import start_training
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "deploy" / "hooks" / "relaunch-notify-slurm.sh"
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-USERS = [("am", Role.INTAKE), ("vera", Role.VIEWER), ("adam", Role.ADMIN)]
+USERS = [("am", ConsoleRole.INTAKE), ("vera", ConsoleRole.VIEWER), ("adam", ConsoleRole.ADMIN)]
 
 
 def _rows(database_url: str, incident: str, kind: str | None = None) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.connectors.audit import AuditStore
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack
 from relaunch.models.recovery import GatherInput
 from tests.conftest import sbatch

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from relaunch.connectors.audit import AuditStore
 from relaunch.console.app import create_app
-from relaunch.console.auth import Role, write_tokens
+from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack.stack import Stack
 from relaunch.models.config import ClusterConfig, ConsoleSettings
 from relaunch.models.recovery import AuditRecord
@@ -66,7 +66,9 @@ def _value(families: dict[str, Any], sample: str, **labels: str) -> float:
 
 def test_metrics_expose_every_series_from_the_audit_trail(stack: Stack, tmp_path: Path) -> None:
     cluster = f"met{os.getpid() % 10000}"
-    tokens = write_tokens(tmp_path / "tokens.json", [("vera", Role.VIEWER), ("am", Role.INTAKE)])
+    tokens = write_tokens(
+        tmp_path / "tokens.json", [("vera", ConsoleRole.VIEWER), ("am", ConsoleRole.INTAKE)]
+    )
     config = ClusterConfig(
         name=cluster,
         database_url=stack.database_url,

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from relaunch.connectors.slurm import parse
-from relaunch.connectors.slurm.cli import LINEAGE_KEY, SlurmCli
+from relaunch.connectors.slurm.commands import LINEAGE_KEY, SlurmCli
 from relaunch.models.scheduler import JobState
 from tests.conftest import sbatch
 from tests.integration.helpers import TRAIN_SCRIPT, wait_job

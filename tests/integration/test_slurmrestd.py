@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.rest import JwtMinter, SlurmRest
 from relaunch.devstack.stack import Stack
 from relaunch.models.errors import JobNotFoundError, NodeNotFoundError, SchedulerError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.composite import SlurmRestScheduler
 from relaunch.connectors.slurm.factory import slurm_rest, slurm_scheduler
 from relaunch.connectors.slurm.rest import JwtMinter, SlurmRest

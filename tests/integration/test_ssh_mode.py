@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.connectors.slurm.cli import LINEAGE_KEY, SlurmCli
+from relaunch.connectors.slurm.commands import LINEAGE_KEY, SlurmCli
 from relaunch.connectors.slurm.ssh import SshRunner
 from relaunch.devstack.stack import Stack
 from relaunch.models.errors import (

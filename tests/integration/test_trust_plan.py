@@ -15,7 +15,7 @@ from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.bundles import write_bundle
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack
 from relaunch.models.bundle import BundleJob
 from relaunch.models.recovery import (

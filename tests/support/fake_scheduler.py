@@ -1,7 +1,7 @@
 """An in-memory cluster behind the ``Scheduler`` protocol (relaunch/connectors/slurm/base.py).
 
 For activity and workflow tests that need a scheduler but no Slurm: nodes and jobs are plain
-models held in dicts, each action behaves like :class:`~relaunch.connectors.slurm.cli.SlurmCli`
+models held in dicts, each action behaves like :class:`~relaunch.connectors.slurm.commands.SlurmCli`
 (check the current state, act only when needed, answer with an ``ActionResult`` whose notes
 use the same words, and refuse with the same typed errors), and every call is recorded in
 ``calls``. The actions that changed
@@ -28,7 +28,7 @@ from relaunch.connectors.liveness import Prober, make_prober
 from relaunch.models.errors import InvalidStateError, JobNotFoundError, NodeNotFoundError
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeFlag, NodeState
 
-LINEAGE_KEY = "relaunch_parent"  # as relaunch.connectors.slurm.cli writes it
+LINEAGE_KEY = "relaunch_parent"  # as relaunch.connectors.slurm.commands writes it
 
 
 class FakeScheduler:

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from relaunch.console.app import create_app
 from relaunch.console.auth import (
-    Role,
+    ConsoleRole,
     Sessions,
     TokensFileError,
     TokenStore,
@@ -23,14 +23,18 @@ from relaunch.models.config import ClusterConfig, ConsoleSettings
 
 
 def test_roles_are_ordered_viewer_approver_admin() -> None:
-    assert Role.ADMIN.allows(Role.APPROVER) and Role.ADMIN.allows(Role.VIEWER)
-    assert Role.APPROVER.allows(Role.VIEWER) and not Role.APPROVER.allows(Role.ADMIN)
-    assert not Role.VIEWER.allows(Role.APPROVER)
+    assert ConsoleRole.ADMIN.allows(ConsoleRole.APPROVER) and ConsoleRole.ADMIN.allows(
+        ConsoleRole.VIEWER
+    )
+    assert ConsoleRole.APPROVER.allows(ConsoleRole.VIEWER) and not ConsoleRole.APPROVER.allows(
+        ConsoleRole.ADMIN
+    )
+    assert not ConsoleRole.VIEWER.allows(ConsoleRole.APPROVER)
 
 
 def test_tokens_file_holds_only_hashes(tmp_path: Path) -> None:
     path = tmp_path / "tokens.json"
-    tokens = write_tokens(path, [("ana", Role.APPROVER), ("vic", Role.VIEWER)])
+    tokens = write_tokens(path, [("ana", ConsoleRole.APPROVER), ("vic", ConsoleRole.VIEWER)])
     text = path.read_text()
     for token in tokens.values():
         assert token not in text
@@ -40,17 +44,17 @@ def test_tokens_file_holds_only_hashes(tmp_path: Path) -> None:
 
 def test_authenticate_finds_the_user_of_a_token(tmp_path: Path) -> None:
     path = tmp_path / "tokens.json"
-    tokens = write_tokens(path, [("ana", Role.APPROVER), ("root", Role.ADMIN)])
+    tokens = write_tokens(path, [("ana", ConsoleRole.APPROVER), ("root", ConsoleRole.ADMIN)])
     store = TokenStore(path)
     user = store.authenticate(tokens["ana"] + "\n")  # pasted with a newline
-    assert user is not None and user.name == "ana" and user.role is Role.APPROVER
+    assert user is not None and user.name == "ana" and user.role is ConsoleRole.APPROVER
     assert store.authenticate("rl_not-a-token") is None
     assert store.authenticate("") is None
 
 
 def test_removing_a_line_revokes_the_token(tmp_path: Path) -> None:
     path = tmp_path / "tokens.json"
-    tokens = write_tokens(path, [("ana", Role.APPROVER)])
+    tokens = write_tokens(path, [("ana", ConsoleRole.APPROVER)])
     store = TokenStore(path)
     user = store.authenticate(tokens["ana"])
     assert user is not None and store.by_hash("ana", user.sha256) is not None
@@ -72,7 +76,7 @@ def test_a_malformed_tokens_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_session_cookie_round_trip_and_tampering(tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path / "t.json", [("ana", Role.APPROVER)])
+    tokens = write_tokens(tmp_path / "t.json", [("ana", ConsoleRole.APPROVER)])
     user = TokenStore(tmp_path / "t.json").authenticate(tokens["ana"])
     assert user is not None
     sessions = Sessions("s" * 32)

@@ -14,7 +14,7 @@ from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.liveness import ProbeError, Prober, ProbeResult, ProbeTarget
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.models.config import ClusterConfig, ProbeMethod
 from relaunch.models.scheduler import Node
 

@@ -14,7 +14,7 @@ import jwt
 import pytest
 from pydantic import ValidationError
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.composite import SlurmRestScheduler
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.rest import JwtMinter, SlurmRest

@@ -16,7 +16,7 @@ from relaunch.connectors.notify.render import (
     render_text,
     slack_body,
 )
-from relaunch.console.auth import Role
+from relaunch.console.auth import ConsoleRole
 from relaunch.models.intake import Alert
 from relaunch.models.notify import ChannelSettings, NotifyEvent, NotifySettings
 
@@ -105,10 +105,12 @@ def test_channel_config_names_env_vars_never_secrets() -> None:
 
 
 def test_intake_role_is_apart_from_people() -> None:
-    assert Role.INTAKE.allows(Role.INTAKE)
-    for person in (Role.VIEWER, Role.APPROVER, Role.ADMIN):
-        assert not person.allows(Role.INTAKE) and not Role.INTAKE.allows(person)
-    assert Role.ADMIN.allows(Role.VIEWER) and not Role.VIEWER.allows(Role.APPROVER)
+    assert ConsoleRole.INTAKE.allows(ConsoleRole.INTAKE)
+    for person in (ConsoleRole.VIEWER, ConsoleRole.APPROVER, ConsoleRole.ADMIN):
+        assert not person.allows(ConsoleRole.INTAKE) and not ConsoleRole.INTAKE.allows(person)
+    assert ConsoleRole.ADMIN.allows(ConsoleRole.VIEWER) and not ConsoleRole.VIEWER.allows(
+        ConsoleRole.APPROVER
+    )
 
 
 def test_alert_labels_name_node_job_and_source() -> None:

@@ -13,7 +13,7 @@ from temporalio.testing import ActivityEnvironment
 from relaunch.activities.actions import ActionActivities
 from relaunch.activities.deps import Deps
 from relaunch.connectors.audit import AuditStore
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.recovery import (
     ActInput,

@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.connectors.slurm import cli, parse
+from relaunch.connectors.slurm import commands, parse
 from relaunch.models.errors import InvalidNameError, ResubmitIdentityError
 from relaunch.models.scheduler import Job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 OUT = "/tmp/tmp.Bnn9VVdLgi/train-%j.out"
-ROOT = cli.Submitter(uid=0)
-ALICE = cli.Submitter(name="alice")  # e.g. the SSH account is the job's own user
+ROOT = commands.Submitter(uid=0)
+ALICE = commands.Submitter(name="alice")  # e.g. the SSH account is the job's own user
 
 
 def recorded(fixture: str, job_id: str) -> Job:
@@ -20,7 +20,7 @@ def recorded(fixture: str, job_id: str) -> Job:
 
 
 def test_running_job_argv() -> None:
-    assert cli.resubmit_argv(recorded("squeue_running", "1"), [], submitter=ROOT) == [
+    assert commands.resubmit_argv(recorded("squeue_running", "1"), [], submitter=ROOT) == [
         "sbatch",
         "--parsable",
         "--comment=relaunch=on,max_restarts=2,relaunch_parent=1",
@@ -41,7 +41,9 @@ def test_running_job_argv() -> None:
 
 def test_requeued_job_argv_merges_exclusions() -> None:
     # After the requeue Slurm reports no time limit and n1 excluded.
-    assert cli.resubmit_argv(recorded("squeue_requeued", "1"), ["n1", "n3"], submitter=ROOT) == [
+    assert commands.resubmit_argv(
+        recorded("squeue_requeued", "1"), ["n1", "n3"], submitter=ROOT
+    ) == [
         "sbatch",
         "--parsable",
         "--comment=relaunch=on,max_restarts=2,relaunch_parent=1",
@@ -62,7 +64,7 @@ def test_requeued_job_argv_merges_exclusions() -> None:
 
 def test_lineage_replaces_an_earlier_parent_and_keeps_user_fields() -> None:
     job = Job(job_id="9", user="alice", comment="relaunch=on,relaunch_parent=1,team=nlp")
-    assert cli.resubmit_argv(job, [], submitter=ALICE) == [
+    assert commands.resubmit_argv(job, [], submitter=ALICE) == [
         "sbatch",
         "--parsable",
         "--comment=relaunch=on,team=nlp,relaunch_parent=9",
@@ -72,72 +74,72 @@ def test_lineage_replaces_an_earlier_parent_and_keeps_user_fields() -> None:
 
 def test_exclusions_are_not_repeated() -> None:
     job = Job(job_id="9", user="alice", excluded_nodes=["n1", "n2"])
-    argv = cli.resubmit_argv(job, ["n2", "n1", "n4"], submitter=ALICE)
+    argv = commands.resubmit_argv(job, ["n2", "n1", "n4"], submitter=ALICE)
     assert [a for a in argv if a.startswith("--exclude")] == ["--exclude=n1,n2,n4"]
 
 
 def test_exclusions_given_twice_are_listed_once() -> None:
     job = Job(job_id="9", user="alice", excluded_nodes=["n1"])
-    argv = cli.resubmit_argv(job, ["n4", "n4", "n1"], submitter=ALICE)
+    argv = commands.resubmit_argv(job, ["n4", "n4", "n1"], submitter=ALICE)
     assert argv[-1] == "--exclude=n1,n4"
 
 
 def test_unvalidated_partition_never_reaches_sbatch() -> None:
     job = recorded("squeue_running", "1").model_copy(update={"partition": "p;rm"})
     with pytest.raises(InvalidNameError, match="partition"):
-        cli.resubmit_argv(job, [], submitter=ROOT)
+        commands.resubmit_argv(job, [], submitter=ROOT)
 
 
 def test_unsafe_comment_is_refused() -> None:
     job = Job(job_id="9", user="alice", comment="relaunch=on,note=a\nb")
     with pytest.raises(InvalidNameError, match="comment"):
-        cli.resubmit_argv(job, [], submitter=ALICE)
+        commands.resubmit_argv(job, [], submitter=ALICE)
 
 
 def test_root_resubmits_as_the_job_owner_with_uid_and_gid() -> None:
     job = Job(job_id="9", user="alice", user_id=1001, group_id=1002)
-    assert cli.resubmit_argv(job, [], submitter=ROOT)[-2:] == ["--uid=1001", "--gid=1002"]
+    assert commands.resubmit_argv(job, [], submitter=ROOT)[-2:] == ["--uid=1001", "--gid=1002"]
     # Over SSH as root, too; and without a uid in the record, by name.
-    ssh_root = cli.Submitter(name="root")
-    assert cli.resubmit_argv(job, [], submitter=ssh_root)[-2:] == ["--uid=1001", "--gid=1002"]
+    ssh_root = commands.Submitter(name="root")
+    assert commands.resubmit_argv(job, [], submitter=ssh_root)[-2:] == ["--uid=1001", "--gid=1002"]
     by_name = Job(job_id="9", user="alice")
-    assert cli.resubmit_argv(by_name, [], submitter=ROOT)[-1] == "--uid=alice"
+    assert commands.resubmit_argv(by_name, [], submitter=ROOT)[-1] == "--uid=alice"
 
 
 def test_the_jobs_own_user_resubmits_without_uid() -> None:
     job = Job(job_id="9", user="alice", user_id=1001, group_id=1002)
-    for me in (cli.Submitter(uid=1001), ALICE):
+    for me in (commands.Submitter(uid=1001), ALICE):
         assert not any(
-            a.startswith(("--uid", "--gid")) for a in cli.resubmit_argv(job, [], submitter=me)
+            a.startswith(("--uid", "--gid")) for a in commands.resubmit_argv(job, [], submitter=me)
         )
 
 
 @pytest.mark.parametrize(
     "submitter",
-    [cli.Submitter(name="relaunch"), cli.Submitter(uid=1000)],
+    [commands.Submitter(name="relaunch"), commands.Submitter(uid=1000)],
     ids=["ssh-account", "local-non-root"],
 )
-def test_another_identity_refuses_to_resubmit(submitter: cli.Submitter) -> None:
+def test_another_identity_refuses_to_resubmit(submitter: commands.Submitter) -> None:
     # Without --uid the user's batch script would run as the submitting account.
     job = Job(job_id="9", user="alice", user_id=1001, group_id=1002)
     with pytest.raises(ResubmitIdentityError, match="not resubmitted") as refused:
-        cli.resubmit_argv(job, [], submitter=submitter)
+        commands.resubmit_argv(job, [], submitter=submitter)
     assert not refused.value.retryable and refused.value.hint
 
 
 def test_root_refuses_a_job_with_no_known_owner() -> None:
     with pytest.raises(ResubmitIdentityError, match="no user"):
-        cli.resubmit_argv(Job(job_id="9"), [], submitter=ROOT)
+        commands.resubmit_argv(Job(job_id="9"), [], submitter=ROOT)
 
 
 def test_the_scheduler_knows_its_submitting_identity() -> None:
-    assert cli.SlurmCli(submit_as="relaunch").submitter == cli.Submitter(name="relaunch")
+    assert commands.SlurmCli(submit_as="relaunch").submitter == commands.Submitter(name="relaunch")
     job = Job(job_id="9", user="alice", user_id=1001)
     with pytest.raises(ResubmitIdentityError):
-        cli.SlurmCli(submit_as="relaunch").resubmit_identity(job)
-    assert cli.SlurmCli(submit_as="root").resubmit_identity(job) == ["--uid=1001"]
+        commands.SlurmCli(submit_as="relaunch").resubmit_identity(job)
+    assert commands.SlurmCli(submit_as="root").resubmit_identity(job) == ["--uid=1001"]
 
 
 def test_root_refuses_an_unsafe_owner() -> None:
     with pytest.raises(InvalidNameError, match="user name"):
-        cli.resubmit_argv(Job(job_id="9", user="-alice"), [], submitter=ROOT)
+        commands.resubmit_argv(Job(job_id="9", user="-alice"), [], submitter=ROOT)

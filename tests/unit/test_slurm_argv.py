@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from relaunch.connectors.slurm import parse
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.models import hostlist
 from relaunch.models.errors import SchedulerError

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.cli.attribution import explain
-from relaunch.cli.recovery import format_timeline
+from relaunch.cli.incidents import format_timeline
 from relaunch.cli.terminal import printable
+from relaunch.cli.verdicts import explain
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.detection.attribution import attribute_bundle

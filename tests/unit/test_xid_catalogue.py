@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relaunch.cli.attribution import classify_json, explain
+from relaunch.cli.verdicts import classify_json, explain
 from relaunch.detection.attribution import attribute_bundle, implicated
 from relaunch.detection.findings import telemetry_findings
 from relaunch.detection.signatures import Catalogue, Role

@@ -11,7 +11,7 @@ from relaunch.connectors.logstores.base import (
     job_selector,
     node_selector,
 )
-from relaunch.connectors.logstores.evidence import fetch_evidence_logs
+from relaunch.connectors.logstores.bundle_logs import fetch_evidence_logs
 from relaunch.connectors.logstores.loki import LokiStore
 from relaunch.connectors.logstores.victorialogs import VictoriaLogsStore
 from relaunch.models.logstore import LogBackend, LogStoreSettings

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.rest import SlurmRest
 from relaunch.connectors.slurm.runner import CommandRunner
 from relaunch.models.scheduler import Job, Node

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relaunch.connectors.slurm.base import Scheduler, SchedulerReader
-from relaunch.connectors.slurm.cli import SlurmCli
+from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.composite import SlurmRestScheduler
 from relaunch.connectors.slurm.rest import JwtMinter, SlurmRest
 from relaunch.connectors.slurm.runner import CommandRunner

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from relaunch.cli.errors import fail
-from relaunch.cli.recovery import config_options, load_config
+from relaunch.cli.exits import fail
+from relaunch.cli.incidents import config_options, load_config
 from relaunch.cli.terminal import printable
 from relaunch.connectors.bundles import read_bundle
 from relaunch.detection.attribution import attribute_bundle

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import click
 from pydantic import ValidationError
 
-from relaunch.cli.errors import fail as _fail
+from relaunch.cli.exits import fail as _fail
 from relaunch.cli.terminal import printable
 from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
 from relaunch.models.config import ClusterConfig

@@ -1,4 +1,5 @@
-"""The Slurm CLI backend: reads over ``--json``, actions over ``scontrol``/``scancel``/``sbatch``.
+"""The Slurm command-line backend (SlurmCli): reads over ``--json``, actions over
+``scontrol``/``scancel``/``sbatch``.
 
 Every action follows the same shape: read fresh state, decide whether anything needs doing (so a
 retried call is harmless), act, then verify with a fresh read and report before/after.
