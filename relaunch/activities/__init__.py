@@ -1,1 +1,2 @@
-"""Thin Temporal activities over connectors and detection (the recovery-loop milestone)."""
+"""Temporal activities: thin steps over the connectors and the detection code, one per step of a
+recovery."""
