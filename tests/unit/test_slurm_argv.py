@@ -248,56 +248,65 @@ def brief_jobs() -> dict[str, Job]:
 
 
 def test_the_brief_listing_lists_every_job_squeue_printed() -> None:
-    assert list(brief_jobs()) == ["11", "12", "6", "8", "7", "9", "10", "1", "3", "5", "4", "2"]
+    assert list(brief_jobs()) == [
+        "3", "4", "8", "7", "9", "15", "10", "11", "12", "13", "17", "23", "18", "19", "20",
+        "21", "22", "14", "6", "5", "16", "24", "29", "30", "25", "26", "27", "31", "28",
+    ]  # fmt: skip
 
 
 def test_a_running_multi_node_job_from_the_brief_listing() -> None:
-    job = brief_jobs()["6"]
+    job = brief_jobs()["27"]
     assert (job.name, job.state, job.reason) == ("train", JobState.RUNNING, "")  # "None"
     assert job.nodes == ["n1", "n2"] and job.node_count == 2 and job.batch_host == "n1"
     assert job.comment_fields == {"relaunch": "on", "max_restarts": "2"}
     assert job.requeue_allowed and job.restart_count == 0 and job.num_tasks == 2
-    assert job.stdout_path == "/tmp/tmp.Bnn9VVdLgi/train-6.out"
-    assert job.time_limit_minutes == 365 * 24 * 60
-    assert job.start_time == datetime.fromtimestamp(1796215062, tz=UTC)
+    assert job.stdout_path == "/tmp/tmp.P4JwHdcvZJ/train-27.out"  # %j expanded
+    assert job.time_limit_minutes is None  # squeue's UNLIMITED
+    assert job.start_time == datetime(2026, 12, 3, 11, 58, 54, tzinfo=UTC)
     assert (job.user, job.user_id, job.group_id) == ("root", 0, 0)
     assert job.excluded_nodes == []  # the brief listing has none (actions read the JSON)
 
 
 def test_pending_and_held_jobs_from_the_brief_listing() -> None:
     jobs = brief_jobs()
-    wide, held = jobs["11"], jobs["12"]
+    wide, held = jobs["29"], jobs["30"]
     assert (wide.state, wide.reason, wide.held) == (JobState.PENDING, "Resources", False)
-    assert wide.nodes == [] and wide.node_count == 4 and wide.batch_host == ""
-    assert wide.start_time is None and wide.end_time is None  # squeue's N/A
+    assert wide.nodes == [] and wide.node_count == 4 and wide.batch_host == ""  # squeue's n/a
+    assert wide.end_time is None  # squeue's N/A (its start time is Slurm's estimate)
     assert (held.state, held.reason, held.held) == (JobState.PENDING, "JobHeldUser", True)
-    assert held.comment == "" and held.command == ""  # squeue's (null)
+    assert held.start_time is None and held.comment == "" and held.command == ""  # (null)
 
 
 def test_array_tasks_and_heterogeneous_components_are_jobs_of_their_own() -> None:
     jobs = brief_jobs()
-    # Array 7: each task has its own job id (task 1 is job 8, the last task keeps 7).
-    assert [(jobs[i].nodes, jobs[i].stdout_path.rsplit("/", 1)[1]) for i in ("8", "7")] == [
-        (["n3"], "arr-7_1.out"),
-        (["n4"], "arr-7_2.out"),
+    # Array 28: each task has its own job id (task 1 is job 31, the last task keeps 28).
+    assert [(jobs[i].nodes, jobs[i].stdout_path.rsplit("/", 1)[1]) for i in ("31", "28")] == [
+        (["n3"], "arr-28_1.out"),
+        (["n4"], "arr-28_2.out"),
     ]
-    # Heterogeneous job 9: its second component is job 10, on a hostlist with a gap.
-    assert jobs["9"].nodes == ["n2"]
-    assert jobs["10"].nodes == ["n1", "n3", "n4"] and jobs["10"].node_count == 3
+    # Heterogeneous job 25: its second component is job 26, on a hostlist with a gap.
+    assert jobs["25"].nodes == ["n2"]
+    assert jobs["26"].nodes == ["n1", "n3", "n4"] and jobs["26"].node_count == 3
 
 
 def test_finished_jobs_from_the_brief_listing() -> None:
     jobs = brief_jobs()
-    failed = jobs["2"]
+    failed = jobs["24"]
     assert (failed.state, failed.reason) == (JobState.FAILED, "NonZeroExitCode")
     assert failed.exit_code == ExitCode(code=3)  # squeue prints the raw wait status, 768
     assert failed.state.is_abnormal_end and failed.nodes == ["n1"]
-    assert jobs["5"].exit_code == ExitCode(signal=15)  # cancelled: SIGTERM
-    requeued = jobs["1"]
-    assert (requeued.state, requeued.restart_count, requeued.nodes) == (
+    assert jobs["9"].exit_code == ExitCode(signal=15)  # cancelled while running: SIGTERM
+    # Requeued once, then cancelled while pending again: no nodes.
+    assert (jobs["4"].state, jobs["4"].restart_count, jobs["4"].nodes) == (
         JobState.CANCELLED,
         1,
         [],
+    )
+    # The demo's job: requeued by Relaunch, then cancelled on its new nodes.
+    assert (jobs["3"].name, jobs["3"].restart_count, jobs["3"].nodes) == (
+        "train-ddp",
+        1,
+        ["n3", "n4"],
     )
 
 
@@ -316,5 +325,5 @@ async def test_the_adapter_reads_the_brief_listing_without_falling_back() -> Non
     runner = Squeue()
     slurm = SlurmCli(runner=runner)
     assert [j.job_id for j in await slurm.list_jobs_brief()] == list(brief_jobs())
-    assert (await slurm.get_job_brief("10")).nodes == ["n1", "n3", "n4"]
+    assert (await slurm.get_job_brief("26")).nodes == ["n1", "n3", "n4"]
     assert all("--json" not in argv for argv in runner.argvs)
