@@ -2,9 +2,9 @@
 
 For activity and workflow tests that need a scheduler but no Slurm: nodes and jobs are plain
 models held in dicts, each action behaves like :class:`~relaunch.connectors.slurm.commands.SlurmCli`
-(check the current state, act only when needed, answer with an ``ActionResult`` whose notes
-use the same words, and refuse with the same typed errors), and every call is recorded in
-``calls``. The actions that changed
+(check the current state, act only when needed, answer with an ``ActionResult`` built by the
+adapter's own helpers and notes in the same words, and refuse with the same typed errors), and
+every call is recorded in ``calls``. The actions that changed
 something are listed apart (``drains``, ``requeues``, ...), so a test can say "drained once"
 without counting reads.
 
@@ -25,10 +25,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from relaunch.connectors.liveness import Prober, make_prober
+from relaunch.connectors.slurm.commands import LINEAGE_KEY, _job_state_text, _node_result
 from relaunch.models.errors import InvalidStateError, JobNotFoundError, NodeNotFoundError
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeFlag, NodeState
-
-LINEAGE_KEY = "relaunch_parent"  # as relaunch.connectors.slurm.commands writes it
 
 
 class FakeScheduler:
@@ -231,8 +230,8 @@ class FakeScheduler:
                     target=job_id,
                     changed=False,
                     note=f"already resubmitted as {job.job_id}",
-                    before=_state_text(before),
-                    after=_state_text(job),
+                    before=_job_state_text(before),
+                    after=_job_state_text(job),
                     new_job_id=job.job_id,
                 )
         new_id = str(self._next_id)
@@ -257,23 +256,10 @@ class FakeScheduler:
             action="resubmit",
             target=job_id,
             changed=True,
-            before=_state_text(before),
-            after=_state_text(child),
+            before=_job_state_text(before),
+            after=_job_state_text(child),
             new_job_id=new_id,
         )
-
-
-def _node_result(
-    action: str, before: Node, after: Node, *, changed: bool, note: str = ""
-) -> ActionResult:
-    return ActionResult(
-        action=action,
-        target=before.name,
-        changed=changed,
-        note=note,
-        before=before.display_state,
-        after=after.display_state,
-    )
 
 
 def _job_result(
@@ -284,13 +270,6 @@ def _job_result(
         target=before.job_id,
         changed=changed,
         note=note,
-        before=_state_text(before),
-        after=_state_text(after),
-    )
-
-
-def _state_text(job: Job) -> str:
-    nodes = ",".join(job.nodes) or "-"
-    return (
-        f"{job.state.value} nodes={nodes} restarts={job.restart_count} reason={job.reason or '-'}"
+        before=_job_state_text(before),
+        after=_job_state_text(after),
     )
