@@ -182,6 +182,7 @@ class Catalogue:
     def __init__(self, signatures: Sequence[Signature], *, engine: str | None = None) -> None:
         self._entries = [_Compiled(s, re.compile(s.pattern)) for s in signatures]
         self._by_id = {s.id: s for s in signatures}
+        self._xid_entry = next((s for s in signatures if s.decoder == "xid"), None)
         self._prefilter = make_prefilter([s.pattern for s in signatures], engine)
 
     @classmethod
@@ -212,7 +213,7 @@ class Catalogue:
         """The entry by id; ``xid_<code>`` (a decoded Xid match) names the Xid entry."""
         found = self._by_id.get(signature_id)
         if found is None and signature_id.startswith("xid_"):
-            found = next((s for s in self._by_id.values() if s.decoder == "xid"), None)
+            found = self._xid_entry
         if found is None:
             raise KeyError(signature_id)
         return found
