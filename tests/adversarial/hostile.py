@@ -261,10 +261,14 @@ class Tier:
                 raise AssertionError(f"the Xid 79 on {node} was never detected for job {job_id}")
 
     def write_xid(self, node: str) -> None:
+        self.write_kernel(node, faults.xid79_line(node))
+
+    def write_kernel(self, node: str, text: str) -> None:
+        """Append ``text`` (whole lines) to ``node``'s kernel-log source, as its driver would."""
         path = self.h.node_log(node)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as fh:
-            fh.write(faults.xid79_line(node))
+            fh.write(text)
 
     async def no_secret_anywhere(self) -> None:
         """No token of the secret file in any bundle, audit row, console page, the audit
