@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 
 from relaunch.models.recovery import Action, Category
 from relaunch.models.scheduler import JobState
@@ -161,6 +162,52 @@ async def test_fake_xid_lines_build_no_reputation_against_another_users_job(
     assert verdict is not None and plan is not None, status
     assert verdict.culprit_nodes == [] and verdict.repeat_offenders == [], verdict
     assert plan.drain_nodes == [], plan
+    await finish(t)
+
+
+async def test_xids_a_job_provokes_on_its_gpu_drain_nothing_and_charge_no_reputation(
+    arena: Tier,
+) -> None:
+    """Issue 19: Xid 13 and 31 are what a GPU's driver logs when the application on it makes an
+    illegal access, which a job can do at will. Three jobs in a row on n3, each leaving Xid 31
+    and 13 on the same GPU in n3's own kernel log (a trusted source): NVIDIA's catalogue
+    restarts the application for them, so every recovery drains nothing, names no culprit, and
+    n3's reputation stays clean however often it repeats."""
+    t = arena
+    node = "n3"
+    for _ in range(3):
+        job_id = t.submit(
+            job('echo "epoch 1 step 10 loss 2.1"', then="sleep 4; exit 1"), "-w", node, "-n1"
+        )
+        await t.running(job_id, printed="step 10")
+        await asyncio.sleep(1.5)  # the watcher has looked at the node's log for this job
+        stamp = datetime.now(UTC).isoformat(timespec="microseconds")
+        t.write_kernel(
+            node,
+            f"{stamp} {node} kernel: NVRM: Xid (PCI:0000:3b:00): 31, pid=4242, name=python3, "
+            "channel 0x00000002, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC6 faulted\n"
+            f"{stamp} {node} kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, "
+            "Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address\n",
+        )
+        status = await t.settled(await t.incident(job_id), timeout=180)
+        t.say("19", status)
+        verdict, plan = status.verdict, status.plan
+        assert verdict is not None and plan is not None, status
+        # The kernel's Xids decided it (not a stall): the catalogue's restart, no isolation.
+        assert {e.signature for e in verdict.evidence} >= {"xid_31", "xid_13"}, verdict
+        assert "RESTART_APP" in verdict.summary, verdict
+        assert verdict.culprit_nodes == [] and verdict.repeat_offenders == [], verdict
+        assert plan.drain_nodes == [] and plan.action is not Action.ISOLATE_AND_RESTART, plan
+    nodes = subprocess.run(
+        [sys.executable, "-m", "relaunch.cli", "nodes", "--json"]
+        + ["--config", str(t.h.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert nodes.returncode == 0, nodes.stderr
+    reputation = {r["node"]: r["incidents"] for r in map(json.loads, nodes.stdout.splitlines())}
+    assert reputation.get(node, 0) == 0, reputation
     await finish(t)
 
 
@@ -387,7 +434,10 @@ async def test_a_printed_lagging_rank_and_hostile_limits_drain_nothing(arena: Ti
         ),
         "-N2",
         "--ntasks-per-node=1",
-        AWAY,
+        # Not n2: the earlier rows' real Xid 79s made it a repeat offender in this arena, and
+        # a hang that names no node rightly drains a repeat offender.
+        "-w",
+        "n3,n4",
         comment=f"{t.opt_in},hang_after=abc,lag_after=1",
     )
     nodes = await t.running(job_id, printed="1: step=20 ")
