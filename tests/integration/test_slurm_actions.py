@@ -156,6 +156,47 @@ async def test_cancel_during_a_requeue_ends_the_job_for_good(
     assert (await scheduler.get_job(job_id)).state is JobState.CANCELLED
 
 
+async def test_a_batch_requeue_requeues_each_running_job_once(
+    scheduler: SlurmCli, slurm_env: dict[str, str], workdir: Path
+) -> None:
+    """One `scontrol requeue` for a rack's jobs: the running ones are requeued once each, the
+    others are reported with why, and a retry with the same counts requeues nothing."""
+    out = f"--output={workdir}/rq-%j.out"
+    running = [sbatch(slurm_env, "-N", "1", "--requeue", out, "--wrap=sleep 300") for _ in range(5)]
+    fixed = sbatch(slurm_env, "-N", "1", "--no-requeue", out, "--wrap=sleep 300")
+    pending = sbatch(slurm_env, "--hold", "-N", "1", "--requeue", out, "--wrap=sleep 300")
+    try:
+        for job_id in [*running, fixed]:
+            await wait_job(scheduler, job_id, JobState.RUNNING)
+        asked = {job_id: 0 for job_id in [*running, fixed, pending, "999999"]}
+
+        results = await scheduler.requeue_jobs(asked)
+        assert list(results) == list(asked)
+        notes = {job_id: (r.changed, r.note) for job_id, r in results.items()}
+        assert notes == {
+            **{job_id: (True, "") for job_id in running},
+            fixed: (False, "does not allow requeue"),
+            pending: (False, "already pending"),
+            "999999": (False, "not found"),
+        }
+        counts = {j.job_id: j.restart_count for j in await scheduler.list_jobs()}
+        assert {job_id: counts[job_id] for job_id in [*running, fixed, pending]} == {
+            **{job_id: 1 for job_id in running},
+            fixed: 0,
+            pending: 0,
+        }
+        assert (await scheduler.get_job(fixed)).state is JobState.RUNNING
+
+        retried = await scheduler.requeue_jobs(asked)  # the same expected counts
+        assert not any(r.changed for r in retried.values())
+        assert all(retried[job_id].note == "already requeued" for job_id in running)
+        counts = {j.job_id: j.restart_count for j in await scheduler.list_jobs()}
+        assert all(counts[job_id] == 1 for job_id in running)
+    finally:
+        for job_id in [*running, fixed, pending]:
+            await scheduler.cancel_job(job_id)
+
+
 BRIEF_SAME = [
     "job_id",
     "name",

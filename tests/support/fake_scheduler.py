@@ -21,11 +21,18 @@ watcher and the CLI also call on ``SlurmCli``: ``list_jobs_brief`` and ``batch_s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from relaunch.connectors.liveness import Prober, make_prober
-from relaunch.connectors.slurm.commands import LINEAGE_KEY, _job_state_text, _node_result
+from relaunch.connectors.slurm.commands import (
+    LINEAGE_KEY,
+    _job_state_text,
+    _node_result,
+    _not_found_result,
+    requeue_skip_note,
+)
+from relaunch.models import names
 from relaunch.models.errors import InvalidStateError, JobNotFoundError, NodeNotFoundError
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeFlag, NodeState
 
@@ -157,16 +164,37 @@ class FakeScheduler:
             return _job_result(action, before, before, changed=False, note="already pending")
         if not before.requeue_allowed and before.state.is_active:
             raise InvalidStateError(f"job {job_id} does not allow requeue")
-        self.requeues.append(job_id)
-        after = self.set_job(
-            job_id,
+        after = self._requeue(before, hold=hold)
+        return _job_result(action, before, after, changed=True)
+
+    async def requeue_jobs(self, expected: Mapping[str, int]) -> dict[str, ActionResult]:
+        """Like SlurmCli's: each job decided as ``requeue_job`` with its expected restart count
+        would, and a note instead of an error for a job that is not requeued."""
+        wanted = {names.job_id(job_id): count for job_id, count in expected.items()}
+        self.calls.append(("requeue_jobs", sorted(wanted)))
+        results: dict[str, ActionResult] = {}
+        for job_id, count in wanted.items():
+            before = self.jobs.get(job_id)
+            if before is None:
+                results[job_id] = _not_found_result("requeue", job_id)
+            elif note := requeue_skip_note(before, count):
+                results[job_id] = _job_result("requeue", before, before, changed=False, note=note)
+            else:
+                after = self._requeue(before, hold=False)
+                results[job_id] = _job_result("requeue", before, after, changed=True)
+        return results
+
+    def _requeue(self, before: Job, *, hold: bool) -> Job:
+        """Requeue the job as Slurm would: pending again, one restart more."""
+        self.requeues.append(before.job_id)
+        return self.set_job(
+            before.job_id,
             state=JobState.PENDING,
             reason="JobHeldAdmin" if hold else "BeginTime",
             nodes=[],
             batch_host="",
             restart_count=before.restart_count + 1,
         )
-        return _job_result(action, before, after, changed=True)
 
     async def hold_job(self, job_id: str) -> ActionResult:
         self.calls.append(("hold_job", job_id))

@@ -143,6 +143,7 @@ class FakeRestd:
             "state_reason": "None",
             "user_name": "root",
             "requeue": True,
+            "restart_cnt": 0,
         }
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -203,7 +204,8 @@ async def test_a_refused_token_is_renewed_once(key_file: Path) -> None:
 
 
 class RecordingRunner:
-    """Stands in for the Slurm CLI: records argv, and applies a drain to the fake's state."""
+    """Stands in for the Slurm CLI: records argv, and applies a drain or a requeue of job 7 to
+    the fake's state."""
 
     def __init__(self, fake: FakeRestd) -> None:
         self.fake, self.argvs = fake, list[tuple[str, ...]]()
@@ -214,6 +216,9 @@ class RecordingRunner:
         self.argvs.append(tuple(argv))
         if argv[:2] == ["scontrol", "update"] and "State=DRAIN" in argv:
             self.fake.node_state = "IDLE+DRAIN"
+        if argv[:2] == ["scontrol", "requeue"] and "7" in argv[2].split(","):
+            restarts = int(str(self.fake.job["restart_cnt"]))
+            self.fake.job.update(job_state="PENDING", restart_cnt=restarts + 1)
         return CommandResult(tuple(argv), 0, "", "", 0.0)
 
 
@@ -243,6 +248,27 @@ async def test_reads_and_hold_release_cancel_go_over_rest_drain_over_the_cli(
     ]
     deletes = [r for r in fake.requests if r.method == "DELETE"]
     assert len(deletes) == 1 and deletes[0].url.params["signal"] == "KILL"
+    await sched.aclose()
+
+
+async def test_a_batch_requeue_reads_over_rest_and_requeues_over_the_cli(
+    key_file: Path,
+) -> None:
+    fake = FakeRestd()
+    fake.job["job_state"] = "RUNNING"
+    runner = RecordingRunner(fake)
+    sched = SlurmRestScheduler(await rest_on(fake, JwtMinter(key_file, "root")), runner=runner)
+
+    results = await sched.requeue_jobs({"7": 0, "8": 0})
+    assert {j: (r.changed, r.note) for j, r in results.items()} == {
+        "7": (True, ""),
+        "8": (False, "not found"),
+    }
+    assert runner.argvs == [("scontrol", "requeue", "7")]  # no squeue: reads are REST's
+    calls = [(r.method, r.url.path.removeprefix("/slurm/v0.0.38")) for r in fake.requests]
+    assert calls == [("GET", "/jobs"), ("GET", "/jobs")]  # before, verify
+    assert not (await sched.requeue_jobs({"7": 0}))["7"].changed  # retried: nothing runs
+    assert len(runner.argvs) == 1
     await sched.aclose()
 
 

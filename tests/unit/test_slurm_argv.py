@@ -2,12 +2,12 @@
 the brief squeue text it polls, from a fixture in squeue's own format.
 
 Each operation of the adapter (the reads, drain, fence, resume, requeue with and without
-excluded nodes, hold, release, cancel, resubmit...) runs against a recording runner that plays
-a small Slurm cluster in memory (seeded from the recorded fixtures in tests/fixtures/slurm/),
-so no Slurm is needed. Every argv the operation issues, in order (its fresh read, the action,
-the verifying read), is compared with ``tests/fixtures/slurm/golden/<operation>.json``: one
-argv per line, as a JSON list. Any change to a command line fails here, and the diff of the
-golden file shows it in review.
+excluded nodes, the batch requeue, hold, release, cancel, resubmit...) runs against a
+recording runner that plays a small Slurm cluster in memory (seeded from the recorded fixtures
+in tests/fixtures/slurm/), so no Slurm is needed. Every argv the operation issues, in order
+(its fresh read, the action, the verifying read), is compared with
+``tests/fixtures/slurm/golden/<operation>.json``: one argv per line, as a JSON list. Any
+change to a command line fails here, and the diff of the golden file shows it in review.
 
 After a deliberate change, regenerate the files and review their diff::
 
@@ -34,7 +34,7 @@ from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.models import hostlist
-from relaunch.models.errors import SchedulerError
+from relaunch.models.errors import ControllerUnavailableError, InvalidNameError, SchedulerError
 from relaunch.models.scheduler import ExitCode, Job, JobState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -46,7 +46,12 @@ class RecordingSlurm:
     """A CommandRunner that records each argv and answers it like Slurm 22.05 would, from a
     small cluster held as squeue/sinfo JSON: the jobs of squeue_running.json, the nodes of
     sinfo_idle_drained.json (n1 and n4 drained). Actions change that state, so an action's
-    verifying read sees it done."""
+    verifying read sees it done.
+
+    ``scontrol requeue`` takes a list of jobs and answers as Slurm 22.05 does (seen on the real
+    one): it requeues every job it can, prints ``<error> for job <id>`` on stderr for each one it
+    cannot, and exits 1 if there was any. ``refuse`` names jobs it refuses anyway (with why),
+    ``unseen`` jobs whose requeue it accepts but that never show it."""
 
     def __init__(self) -> None:
         self.argvs: list[list[str]] = []
@@ -55,6 +60,8 @@ class RecordingSlurm:
         self.jobs: dict[str, dict[str, Any]] = {str(j["job_id"]): copy.deepcopy(j) for j in jobs}
         self.nodes: dict[str, dict[str, Any]] = {n["name"]: copy.deepcopy(n) for n in nodes}
         self.json_errors: list[dict[str, Any]] = []
+        self.refuse: dict[str, str] = {}
+        self.unseen: set[str] = set()
 
     async def run(
         self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 30.0
@@ -64,6 +71,8 @@ class RecordingSlurm:
             out = self._answer(list(argv))
         except KeyError as exc:
             return CommandResult(tuple(argv), 1, "", f"Invalid job id or node {exc}", 0.0)
+        except Refused as exc:
+            return CommandResult(tuple(argv), 1, "", str(exc), 0.0)
         return CommandResult(tuple(argv), 0, out, "", 0.0)
 
     def _answer(self, argv: list[str]) -> str:
@@ -82,11 +91,8 @@ class RecordingSlurm:
                 self._update_node(node.partition("=")[2], state.partition("=")[2], reason)
             case ["scontrol", "update", job, excluded] if job.startswith("JobId="):
                 self.jobs[job.partition("=")[2]]["excluded_nodes"] = excluded.partition("=")[2]
-            case ["scontrol", "requeue" | "requeuehold" as verb, job_id]:
-                requeued = self.jobs[job_id]
-                requeued.update(job_state="PENDING", nodes="", batch_host="")
-                requeued["state_reason"] = "JobHeldAdmin" if verb == "requeuehold" else "BeginTime"
-                requeued["restart_cnt"] += 1
+            case ["scontrol", "requeue" | "requeuehold" as verb, job_list]:
+                self._requeue(job_list.split(","), hold=verb == "requeuehold")
             case ["scontrol", "hold" | "release" as verb, job_id]:
                 self.jobs[job_id]["state_reason"] = "JobHeldAdmin" if verb == "hold" else "None"
             case ["scancel", job_id]:
@@ -96,6 +102,25 @@ class RecordingSlurm:
             case _:
                 raise AssertionError(f"the recording runner does not know {shlex.join(argv)}")
         return ""
+
+    def _requeue(self, job_ids: list[str], *, hold: bool) -> None:
+        errors = []
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job_id in self.refuse:
+                errors.append(f"{self.refuse[job_id]} for job {job_id}")
+            elif job is None:
+                errors.append(f"Invalid job id specified for job {job_id}")
+            elif job["job_state"] == "PENDING":
+                errors.append(f"Job is pending execution for job {job_id}")
+            elif not job["requeue"]:
+                errors.append(f"Requested operation is presently disabled for job {job_id}")
+            elif job_id not in self.unseen:
+                job.update(job_state="PENDING", nodes="", batch_host="")
+                job["state_reason"] = "JobHeldAdmin" if hold else "BeginTime"
+                job["restart_cnt"] += 1
+        if errors:
+            raise Refused("".join(f"{error}\n" for error in errors))
 
     def _update_node(self, name: str, state: str, reason: list[str]) -> None:
         node = self.nodes[name]
@@ -121,6 +146,10 @@ class RecordingSlurm:
         }
         self.jobs[str(new_id)] = job
         return f"{new_id}\n"
+
+
+class Refused(Exception):
+    """Slurm's stderr for a command it refused (in part)."""
 
 
 def _brief_line(job: dict[str, Any]) -> str:
@@ -183,6 +212,48 @@ async def _read_with_json_errors(slurm: SlurmCli, cluster: RecordingSlurm) -> No
         await slurm.list_jobs()
 
 
+async def _requeue_jobs(slurm: SlurmCli, cluster: RecordingSlurm) -> None:
+    # A rack's jobs: two running, one finished, one pending, one that may not be requeued, one
+    # Slurm no longer knows, one it refuses when asked: one read, one command, one verification.
+    cluster.jobs["4"]["requeue"] = False
+    cluster.refuse["1"] = "Requested operation is presently disabled"
+    asked = {"5": 0, "2": 0, "3": 0, "4": 0, "999": 0, "1": 0}
+    results = await slurm.requeue_jobs(asked)
+    assert list(results) == list(asked)
+    assert {j: (r.changed, r.note) for j, r in results.items()} == {
+        "5": (True, ""),
+        "2": (True, ""),
+        "3": (False, "already pending"),
+        "4": (False, "does not allow requeue"),
+        "999": (False, "not found"),
+        "1": (
+            False,
+            "not requeued: Requested operation is presently disabled (last read: RUNNING "
+            "nodes=n1,n2 restarts=0 reason=-)",
+        ),
+    }
+    assert results["5"].after.startswith("PENDING") and "restarts=1" in results["5"].after
+    assert all(r.action == "requeue" and r.target == j for j, r in results.items())
+
+
+async def _requeue_jobs_retried(slurm: SlurmCli, cluster: RecordingSlurm) -> None:
+    # A retried batch (same expected counts) reads the queue and requeues nothing again.
+    await slurm.requeue_jobs({"1": 0, "5": 0})
+    cluster.argvs.clear()
+    results = await slurm.requeue_jobs({"1": 0, "5": 0})
+    assert [(r.changed, r.note) for r in results.values()] == [(False, "already requeued")] * 2
+
+
+async def _requeue_jobs_in_chunks(slurm: SlurmCli, cluster: RecordingSlurm) -> None:
+    # 250 running jobs: two scontrol commands (200 ids, then 50), one read before and after.
+    for n in range(100, 350):
+        cluster.jobs[str(n)] = {**copy.deepcopy(cluster.jobs["5"]), "job_id": n}
+    results = await slurm.requeue_jobs({str(n): 0 for n in range(100, 350)})
+    assert len(results) == 250 and all(r.changed for r in results.values())
+    sent = [argv[2].split(",") for argv in cluster.argvs if argv[:2] == ["scontrol", "requeue"]]
+    assert [len(ids) for ids in sent] == [200, 50] and sent[0][0] == "100" and sent[1][0] == "300"
+
+
 OPERATIONS: dict[str, Operation] = {
     "read_jobs": lambda s, c: s.list_jobs(),
     "read_jobs_brief": lambda s, c: s.list_jobs_brief(),
@@ -197,6 +268,9 @@ OPERATIONS: dict[str, Operation] = {
     "requeue": lambda s, c: s.requeue_job("1", expected_restart_count=0),
     "requeue_excluding_nodes": _requeue_excluding,
     "requeue_hold": lambda s, c: s.requeue_job("1", hold=True),
+    "requeue_jobs": _requeue_jobs,
+    "requeue_jobs_retried": _requeue_jobs_retried,
+    "requeue_jobs_in_chunks": _requeue_jobs_in_chunks,
     "hold": _hold,
     "release": lambda s, c: s.release_job("3"),
     "cancel": lambda s, c: s.cancel_job("5"),
@@ -236,6 +310,44 @@ async def test_the_argv_matches_its_golden_file(name: str) -> None:
 def test_every_golden_file_belongs_to_an_operation() -> None:
     """A golden file whose operation was removed is stale, and would be reviewed for nothing."""
     assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(OPERATIONS)
+
+
+# ---------------------------------------------------------------- the batch requeue's failures
+
+
+async def test_a_job_never_seen_requeued_does_not_hide_the_others() -> None:
+    cluster = RecordingSlurm()
+    cluster.unseen.add("1")  # Slurm accepts its requeue, but its restart count never goes up
+    slurm = SlurmCli(runner=cluster, verify_timeout=0.3)
+    results = await slurm.requeue_jobs({"1": 0, "5": 0})
+    assert results["5"].changed and not results["1"].changed
+    assert results["1"].note.startswith("not requeued: no restart seen within 0.3s (last read: ")
+    assert "RUNNING" in results["1"].note
+
+
+async def test_a_bad_id_in_a_batch_stops_it_before_anything_runs() -> None:
+    cluster = RecordingSlurm()
+    slurm = SlurmCli(runner=cluster)
+    with pytest.raises(InvalidNameError):
+        await slurm.requeue_jobs({"1": 0, "1; scancel -u root": 0})
+    assert cluster.argvs == []
+    assert await slurm.requeue_jobs({}) == {} and cluster.argvs == []
+
+
+async def test_a_batch_requeue_raises_when_the_controller_does_not_answer() -> None:
+    class Down(RecordingSlurm):
+        async def run(
+            self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 30.0
+        ) -> CommandResult:
+            if argv[:2] == ["scontrol", "requeue"]:
+                self.argvs.append(list(argv))
+                error = "scontrol: error: Unable to contact slurm controller (connect failure)"
+                return CommandResult(tuple(argv), 1, "", error + "\n", 0.0)
+            return await super().run(argv, stdin=stdin, timeout=timeout)
+
+    slurm = SlurmCli(runner=Down())
+    with pytest.raises(ControllerUnavailableError):
+        await slurm.requeue_jobs({"1": 0, "5": 0})
 
 
 # ---------------------------------------------------------------- the brief listing's text

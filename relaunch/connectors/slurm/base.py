@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from relaunch.connectors.liveness import Prober
@@ -50,6 +50,15 @@ class Scheduler(SchedulerReader, Protocol):
     async def requeue_job(
         self, job_id: str, *, hold: bool = False, expected_restart_count: int | None = None
     ) -> ActionResult: ...
+
+    async def requeue_jobs(self, expected: Mapping[str, int]) -> dict[str, ActionResult]:
+        """Requeue many jobs at once (a failed rack's), each as ``requeue_job`` with
+        ``expected_restart_count`` would (``expected`` maps job id to the restart count the
+        caller saw, so a retried call requeues nothing twice), from one read of the queue and
+        verified together. One result per id, in the order asked; a job that is not requeued
+        (not found, not allowed, refused, not seen requeued) gets ``changed=False`` and a note
+        saying why instead of an exception."""
+        ...
 
     async def hold_job(self, job_id: str) -> ActionResult: ...
 

@@ -11,7 +11,8 @@ import asyncio
 import logging
 import os
 import pwd
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +42,10 @@ from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeSta
 LINEAGE_KEY = "relaunch_parent"
 log = logging.getLogger(__name__)
 CANCEL_WAIT_S = 60.0  # how long a cancelled job may stay COMPLETING (its epilog)
+REQUEUE_CHUNK = 200  # job ids per `scontrol requeue` of a batch (see SlurmCli.requeue_jobs)
+# How scontrol 22.05 reports each job of a list it could not act on, one line per job on stderr:
+# "Invalid job id specified for job 999999", "Job is pending execution for job 4".
+_REFUSAL = re.compile(r"^(?P<error>.+) for job (?P<job_id>\S+)$")
 T = TypeVar("T")
 
 
@@ -86,6 +91,27 @@ class SlurmCli:
             raise failure(result)
         return result
 
+    async def _poll(
+        self,
+        read: Callable[[], Awaitable[T]],
+        done: Callable[[T], bool],
+        *,
+        timeout: float | None = None,
+    ) -> tuple[T, bool]:
+        """Poll a fresh read until ``done`` holds or the verify timeout passes; the last value
+        read, and whether ``done`` held for it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._verify_timeout if timeout is None else timeout)
+        delay = 0.05
+        while True:
+            value = await read()
+            if done(value):
+                return value, True
+            if loop.time() >= deadline:
+                return value, False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
     async def _until(
         self,
         read: Callable[[], Awaitable[T]],
@@ -94,21 +120,12 @@ class SlurmCli:
         *,
         timeout: float | None = None,
     ) -> T:
-        """Poll a fresh read until ``done`` holds or the verify timeout passes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self._verify_timeout if timeout is None else timeout)
-        delay = 0.05
-        while True:
-            value = await read()
-            if done(value):
-                return value
-            if loop.time() >= deadline:
-                seen = f" (last read: {_seen(value)})" if _seen(value) else ""
-                raise VerificationError(
-                    f"{what}: not visible in a fresh read after the action{seen}"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+        """Poll a fresh read until ``done`` holds; VerificationError once the timeout passes."""
+        value, ok = await self._poll(read, done, timeout=timeout)
+        if not ok:
+            seen = f" (last read: {_seen(value)})" if _seen(value) else ""
+            raise VerificationError(f"{what}: not visible in a fresh read after the action{seen}")
+        return value
 
     async def _past_completing(self, job_id: str, *, timeout: float | None = None) -> Job:
         """The job once it is no longer COMPLETING (after a requeue, or while its epilog runs)."""
@@ -168,6 +185,22 @@ class SlurmCli:
         if job is None:
             raise _job_not_found(job_id)
         return job
+
+    async def _jobs(self, job_ids: Iterable[str]) -> dict[str, Job | None]:
+        """The given jobs from one fresh full listing (None for a job it does not hold): what
+        a batch action decides on."""
+        listing = await self._job_reads()
+        return {job_id: listing.get(job_id) for job_id in job_ids}
+
+    async def _jobs_brief(self, job_ids: Iterable[str]) -> dict[str, Job | None]:
+        """The given jobs from one fresh brief listing (cheap and shared, for a batch action's
+        verification); from the full listing when the brief one does not parse."""
+        job_ids = list(job_ids)
+        listing = await self._brief_reads()
+        try:
+            return {job_id: listing.get(job_id) for job_id in job_ids}
+        except ValueError:  # the listing, or one of these jobs' lines, does not parse
+            return await self._jobs(job_ids)
 
     async def _read_brief(self) -> parse.BriefListing:
         argv = [
@@ -304,6 +337,81 @@ class SlurmCli:
             f"requeue {job_id}",
         )
         return self._job_result(action, before, after, changed=True)
+
+    async def requeue_jobs(self, expected: Mapping[str, int]) -> dict[str, ActionResult]:
+        """Requeue many jobs at once (a failed rack's): one fresh read of all of them, one
+        ``scontrol requeue`` per :data:`REQUEUE_CHUNK` ids, then polls of the brief listing
+        until each requeued job's restart count has gone up.
+
+        ``expected`` maps each job id to the restart count its caller saw; each job is decided
+        as :meth:`requeue_job` with that ``expected_restart_count`` decides it, so a retried
+        call requeues nothing twice. A job that is not requeued (not found, not allowed to be,
+        refused by Slurm, or not seen requeued within the verify timeout) gets a result with
+        ``changed=False`` and a note that says why, never an exception that would hide the
+        other jobs' results. One result per requested id, in the order asked. Bad ids raise
+        InvalidNameError before anything runs; a controller that does not answer raises
+        ControllerUnavailableError (a retry then finds the jobs already requeued)."""
+        wanted = {names.job_id(job_id): count for job_id, count in expected.items()}
+        if not wanted:
+            return {}
+        results: dict[str, ActionResult] = {}
+        to_requeue: dict[str, Job] = {}
+        for job_id, before in (await self._jobs(wanted)).items():
+            if before is None:
+                results[job_id] = _not_found_result("requeue", job_id)
+            elif note := requeue_skip_note(before, wanted[job_id]):
+                results[job_id] = self._job_result(
+                    "requeue", before, before, changed=False, note=note
+                )
+            else:
+                to_requeue[job_id] = before
+        if to_requeue:
+            refused = await self._send_requeues(list(to_requeue))
+            results.update(await self._verify_requeues(to_requeue, refused))
+        return {job_id: results[job_id] for job_id in wanted}
+
+    async def _send_requeues(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """``scontrol requeue`` the jobs, :data:`REQUEUE_CHUNK` ids per command; Slurm's reason
+        for each job it refused, by id. Slurm 22.05 requeues every job of a list that it can,
+        exits 1 if any failed, and names each one that did on stderr (see ``_REFUSAL``)."""
+        refused: dict[str, str] = {}
+        for start in range(0, len(job_ids), REQUEUE_CHUNK):
+            chunk = job_ids[start : start + REQUEUE_CHUNK]
+            result = await self._run(["scontrol", "requeue", ",".join(chunk)])
+            if result.returncode != 0:
+                named = _refusals(result.stderr, chunk)
+                if not named:  # no job named: the verification tells which were requeued
+                    log.warning("%s", failure(result))
+                refused.update(named)
+        return refused
+
+    async def _verify_requeues(
+        self, befores: Mapping[str, Job], refused: Mapping[str, str]
+    ) -> dict[str, ActionResult]:
+        """Poll the brief listing until every job sent (and not refused) shows a higher
+        restart count than before, or the verify timeout passes; a result for each job."""
+        waiting = [job_id for job_id in befores if job_id not in refused]
+
+        def done(jobs: Mapping[str, Job | None]) -> bool:
+            return all(_requeued_since(befores[j], jobs[j]) for j in waiting)
+
+        seen, _ = await self._poll(lambda: self._jobs_brief(befores), done)
+        results: dict[str, ActionResult] = {}
+        for job_id, before in befores.items():
+            after = seen[job_id]
+            if _requeued_since(before, after):
+                # Refused, yet requeued: someone else's requeue got there first.
+                note = "already requeued" if job_id in refused else ""
+                changed = job_id not in refused
+            else:
+                why = refused.get(job_id) or f"no restart seen within {self._verify_timeout:g}s"
+                last = _job_state_text(after) if after else "job gone"
+                note, changed = f"not requeued: {why} (last read: {last})", False
+                log.warning("job %s %s", job_id, note)
+            results[job_id] = self._job_result(
+                "requeue", before, after or before, changed=changed, note=note
+            )
+        return results
 
     # The commands behind hold/release/cancel; other transports (slurmrestd) override these and
     # keep the check-act-verify around them.
@@ -554,6 +662,38 @@ def _job_state_text(job: Job) -> str:
     return (
         f"{job.state.value} nodes={nodes} restarts={job.restart_count} reason={job.reason or '-'}"
     )
+
+
+def requeue_skip_note(job: Job, expected_restart_count: int) -> str:
+    """Why a batch requeue leaves ``job`` alone ("" when it should be requeued): the checks of
+    :meth:`SlurmCli.requeue_job`, in its order, with its notes."""
+    if job.restart_count > expected_restart_count:
+        return "already requeued"
+    if job.state is JobState.PENDING:
+        return "already pending"
+    if not job.requeue_allowed and job.state.is_active:
+        return "does not allow requeue"
+    return ""
+
+
+def _requeued_since(before: Job, after: Job | None) -> bool:
+    return after is not None and after.restart_count > before.restart_count
+
+
+def _refusals(stderr: str, job_ids: Sequence[str]) -> dict[str, str]:
+    """The jobs of ``job_ids`` that scontrol's stderr says it could not act on, with why."""
+    asked = set(job_ids)
+    refused: dict[str, str] = {}
+    for line in stderr.splitlines():
+        match = _REFUSAL.match(line.strip())
+        if match and match["job_id"] in asked:
+            refused[match["job_id"]] = match["error"]
+    return refused
+
+
+def _not_found_result(action: str, job_id: str) -> ActionResult:
+    """The result of a batch action for a job the listing does not hold."""
+    return ActionResult(action=action, target=job_id, changed=False, note="not found")
 
 
 def _job_not_found(job_id: str) -> JobNotFoundError:

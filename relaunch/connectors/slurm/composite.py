@@ -8,19 +8,21 @@ What goes where on 22.05 (API v0.0.38), as checked against a real slurmrestd 22.
   ``hold_job`` / ``release_job`` (``POST /job/{id}`` with ``{"hold": true|false}``) and
   ``cancel_job`` (``DELETE /job/{id}``, SIGKILL as scancel sends).
 - over the CLI: ``drain_node``, ``fence_node``, ``resume_node`` (v0.0.38 has no node update:
-  ``/node/{name}`` is GET only; it arrived in 23.02), ``requeue_job`` (no requeue endpoint;
-  ``{"requeue": true}`` only sets the job's may-be-requeued flag), ``exclude_nodes`` (slurmrestd
-  answers ``Disabled key: "excluded_nodes"``) and ``resubmit_job`` (the batch script cannot be
-  read over v0.0.38, so ``scontrol write batch_script`` + ``sbatch`` it stays).
+  ``/node/{name}`` is GET only; it arrived in 23.02), ``requeue_job`` and ``requeue_jobs`` (no
+  requeue endpoint; ``{"requeue": true}`` only sets the job's may-be-requeued flag),
+  ``exclude_nodes`` (slurmrestd answers ``Disabled key: "excluded_nodes"``) and
+  ``resubmit_job`` (the batch script cannot be read over v0.0.38, so
+  ``scontrol write batch_script`` + ``sbatch`` it stays).
 
 This is ``SlurmCli`` with its reads replaced: the CLI's actions call ``self.get_node`` /
 ``self.get_job`` / ``self.list_jobs`` for their idempotence check and their verification, so
-those go over REST too, with no change to the CLI's action code.
+those go over REST too, with no change to the CLI's action code (a batch requeue reads through
+``self._jobs`` / ``self._jobs_brief``, one ``GET /jobs`` each here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.rest import SlurmRest
@@ -68,6 +70,13 @@ class SlurmRestScheduler(SlurmCli):
 
     async def get_job_brief(self, job_id: str) -> Job:
         return await self.rest.get_job(job_id)
+
+    async def _jobs(self, job_ids: Iterable[str]) -> dict[str, Job | None]:
+        listed = {job.job_id: job for job in await self.rest.list_jobs()}
+        return {job_id: listed.get(job_id) for job_id in job_ids}
+
+    async def _jobs_brief(self, job_ids: Iterable[str]) -> dict[str, Job | None]:
+        return await self._jobs(job_ids)  # the REST listing is the one there is
 
     async def list_nodes(self) -> list[Node]:
         return await self.rest.list_nodes()
