@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import re
+import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,13 +69,19 @@ def config_options(fn: click.decorators.FC) -> click.decorators.FC:
     return fn
 
 
-def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+def _logging(label: str | None = None) -> None:
+    """Log at INFO to stderr; ``label`` (e.g. ``worker[2/4]``) names the process in each line."""
+    who = f"{label} " if label else ""
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s %(message)s"
+    )
 
 
 # The pool logs each failed connection attempt; the CLI reports the outcome in one line instead.
 logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
+
+PROCESSES_ENV = "RELAUNCH_WORKER_PROCESSES"
 
 PAST = {"approve": "approved", "reject": "rejected"}
 
@@ -83,21 +92,61 @@ def register(cli: click.Group) -> None:
         config_path: Path | None,
         cluster: str,
         state_dir: Path,
+        label: str | None = None,
     ) -> None:
         try:
             config = load_config(config_path, cluster, state_dir)
-            _logging()
+            _logging(label)
             asyncio.run(run(config))
         except RelaunchError as exc:
             _fail(exc)
 
     @cli.command("worker")
     @config_options
-    def worker_cmd(config_path: Path | None, cluster: str, state_dir: Path) -> None:
+    @click.option(
+        "--processes",
+        type=click.IntRange(1, 64),
+        default=1,
+        show_default=True,
+        envvar=PROCESSES_ENV,
+        show_envvar=True,
+        help="Worker processes to run, each with its own event loop on the cluster's task "
+        "queue: one per core, up to the cores of the host. With more than one, this process "
+        "supervises them (restarts one that dies, forwards SIGTERM and SIGINT).",
+    )
+    def worker_cmd(config_path: Path | None, cluster: str, state_dir: Path, processes: int) -> None:
         """Run the Temporal worker that executes recoveries for one cluster."""
-        from relaunch.workers.worker import run_worker
+        if processes == 1:
+            from relaunch.workers.supervisor import CHILD_ENV, PARENT_ENV, watch_parent
+            from relaunch.workers.worker import run_worker
 
-        _serve(run_worker, config_path, cluster, state_dir)
+            # Set when a supervisor started this process: which child it is, and the parent.
+            child = os.environ.get(CHILD_ENV, "")
+            parent = os.environ.get(PARENT_ENV, "")
+            label = f"worker[{child}]" if re.fullmatch(r"\d+/\d+", child) else None
+            if label and parent.isdigit():
+                watch_parent(int(parent))
+            _serve(run_worker, config_path, cluster, state_dir, label)
+            return
+        _supervise(config_path, cluster, state_dir, processes)
+
+    def _supervise(config_path: Path | None, cluster: str, state_dir: Path, processes: int) -> None:
+        """Run ``processes`` copies of `relaunch worker --processes 1` until SIGTERM or SIGINT."""
+        from relaunch.workers.supervisor import Supervisor
+
+        path = config_path or cluster_config_path(state_dir, cluster)
+        try:
+            load_config(path, cluster, state_dir)  # a bad configuration fails here, once
+        except RelaunchError as exc:
+            _fail(exc)
+        _logging()
+        argv = [
+            sys.executable, "-m", "relaunch.cli", "worker",
+            "--config", str(path.resolve()), "--cluster", cluster,
+            "--state-dir", str(state_dir.resolve()), "--processes", "1",
+        ]  # fmt: skip
+        env = {**os.environ, PROCESSES_ENV: "1"}
+        sys.exit(Supervisor(argv, processes, env=env).run())
 
     @cli.command("watch")
     @config_options

@@ -283,6 +283,23 @@ def test_watcher_runs_once_and_stops_slower_than_the_worker(helm: str) -> None:
     assert grace > worker_graceful_shutdown_s()
 
 
+def worker_processes_envvar() -> str:
+    """The environment variable `relaunch worker --processes` reads."""
+    (option,) = [p for p in cli.commands["worker"].params if p.name == "processes"]
+    assert isinstance(option.envvar, str)
+    return option.envvar
+
+
+def test_worker_processes_reach_the_worker_only(helm: str) -> None:
+    name = worker_processes_envvar()
+    for sets, want in (((), "1"), (("worker.processes=8",), "8")):
+        docs = render("ssh", *sets)
+        for component in COMPONENTS:
+            (container,) = deployment(docs, component)["spec"]["template"]["spec"]["containers"]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env.get(name) == (want if component == "worker" else None), component
+
+
 def test_console_service_selects_the_console(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = rendered
     (svc,) = kinds(docs, "Service")
@@ -301,6 +318,8 @@ def test_console_service_selects_the_console(rendered: tuple[str, list[dict[str,
         (["ssh.host="], "ssh.host is required"),
         (["database.existingSecret="], "database.existingSecret is required"),
         (["worker.terminationGracePeriodSeconds=15"], "must exceed"),
+        (["worker.processes=0"], "worker.processes must be 1 to 64"),
+        (["worker.processes=65"], "worker.processes must be 1 to 64"),
         (["console.tokens.existingSecret="], "console.tokens.existingSecret is required"),
     ],
 )
@@ -451,6 +470,10 @@ def test_systemd_unit_has_what_a_controller_host_needs(name: str) -> None:
         assert stop_s > worker_graceful_shutdown_s()
         assert service["KillMode"] == "mixed"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
+    if UNITS[name] == "worker":  # how many worker processes, where an admin sees it
+        assert service["Environment"] == f"{worker_processes_envvar()}=1"
+    else:
+        assert "Environment" not in service
     # The liveness probe's raw socket (a SYN slurmd never sees) and nothing else; the console
     # probes nothing.
     wanted = "CAP_NET_RAW" if UNITS[name] in ("watch", "worker") else ""

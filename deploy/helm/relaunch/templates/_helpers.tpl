@@ -73,6 +73,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- if lt (int .Values.worker.replicas) 1 -}}
 {{- fail "worker.replicas must be 1 or more" -}}
 {{- end -}}
+{{- $processes := int .Values.worker.processes -}}
+{{- if or (lt $processes 1) (gt $processes 64) -}}
+{{- fail (printf "worker.processes must be 1 to 64, not %v" .Values.worker.processes) -}}
+{{- end -}}
 {{- if le (int .Values.worker.terminationGracePeriodSeconds) 20 -}}
 {{- fail "worker.terminationGracePeriodSeconds must exceed the worker's 20 s graceful shutdown" -}}
 {{- end -}}
@@ -299,6 +303,10 @@ affinity:
 {{- end }}
 - name: HOME
   value: /tmp
+{{- if eq .component "worker" }}
+- name: RELAUNCH_WORKER_PROCESSES
+  value: {{ $v.worker.processes | int | quote }}
+{{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}
 {{- end }}
