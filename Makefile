@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
+.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-burst bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -37,6 +37,12 @@ bench: deps
 
 bench-quick: BENCH_ARGS = --quick
 bench-quick: bench
+
+# The burst of simultaneous interruptions on its own, each run on a fresh stack: 500 jobs with
+# 1, 2 and 4 worker processes, the trust burst (a node named by its jobs' own output only) and
+# the worker-kill burst; writes bench/results/burst.md and burst-raw.json.
+bench-burst: deps
+	$(PY) bench/run.py --burst-suite $(BENCH_ARGS)
 
 # The silent classes alone (a node crash without a line, a silent hang, a network partition),
 # against Slurm alone too (whose side waits out SlurmdTimeout: ~25 min in all).

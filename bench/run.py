@@ -5,6 +5,9 @@ interruptions, and the watcher's cost with a large queue. Writes bench/results/R
 PNG plots next to it.
 
 Usage: python bench/run.py [--quick] [--classes a,b,c] [--no-baseline | --baseline-only]
+       python bench/run.py --scale-only [--burst N] [--held N] [--workers N]
+                           [--burst-variant plain|trust|kill] [--kill-after S]
+       python bench/run.py --burst-suite [--burst N] [--workers N]   (bench/results/burst.md)
 (quick: one run per class, a 50-job burst, 1,000 held jobs; the full run weights the Mix A
 classes by docs/failure-signatures.md §4 and adds the silent classes; --classes: only those classes,
 --repeat runs of each, for Relaunch and for Slurm alone, and no scale part)
@@ -129,7 +132,7 @@ async def bench(args: argparse.Namespace) -> None:
     # The silent classes' baselines wait out SlurmdTimeout (minutes each): a second Slurm-alone
     # stack runs them beside the others so the benchmark is not that much longer.
     base_silent = BenchStack(root, "bsil", dict(slurm_defaults))
-    sc = scale.scale_stack(root, burst_n, held_n)
+    sc = scale.scale_stack(root, burst_n, held_n, args.workers)
     subset: list[str] = args.classes
     if subset:
         plan = subset_plan(subset, args.repeat or (1 if args.quick else 3))
@@ -229,22 +232,34 @@ async def bench(args: argparse.Namespace) -> None:
     print(text)
 
 
-async def scale_only(args: argparse.Namespace) -> None:
-    """Only the burst (and, unless --held 0, the watcher's cost): for working on scale. Prints
-    the numbers and writes bench/results/scale-only.json; REPORT.md comes from full runs only."""
+async def one_burst(
+    args: argparse.Namespace, variant: str, workers: int, held: int = 0
+) -> dict[str, Any]:
+    """One burst (and, with ``held``, the watcher's cost) on a fresh stack of its own."""
     root = Path(tempfile.mkdtemp(prefix="relaunch-bench-scale-"))
     root.chmod(0o755)
-    sc = scale.scale_stack(root, args.burst, args.held)
-    out: dict[str, Any] = {"code": code_version(), "burst_n": args.burst, "held_n": args.held}
+    sc = scale.scale_stack(root, args.burst, held, workers)
+    out: dict[str, Any] = {
+        "code": code_version(),
+        "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M}",
+        "burst_n": args.burst,
+        "held_n": held,
+        "variant": variant,
+        "workers": workers,
+        "load_before": os.getloadavg(),
+    }
+    log(f"burst: {args.burst} jobs, variant {variant}, {workers} worker process(es), in {root}")
     try:
         await sc.up()
         audit = await AuditStore.open(sc.s.database_url)
         try:
-            out["burst"] = await scale.burst(sc, audit, args.burst, 600)
+            out["burst"] = await scale.burst(
+                sc, audit, args.burst, 600, variant=variant, kill_after=args.kill_after
+            )
             shown = {k: v for k, v in out["burst"].items() if "samples" not in k}
-            log(f"burst: {json.dumps(shown)}")
-            if args.held:
-                out["cost"] = await scale.watcher_cost(sc, args.held, 10)
+            log(f"burst: {json.dumps(shown, default=str)}")
+            if held:
+                out["cost"] = await scale.watcher_cost(sc, held, 10)
                 log(f"watcher cost: {json.dumps(out['cost'])}")
         finally:
             await audit.close()
@@ -252,7 +267,46 @@ async def scale_only(args: argparse.Namespace) -> None:
         sc.down()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+async def scale_only(args: argparse.Namespace) -> None:
+    """Only the burst (and, unless --held 0, the watcher's cost): for working on scale. Prints
+    the numbers and writes bench/results/scale-only.json; REPORT.md comes from full runs only."""
+    out = await one_burst(args, args.burst_variant, args.workers, args.held)
+    args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "scale-only.json").write_text(json.dumps(out, indent=1, default=str))
+
+
+# The burst suite: each on a fresh stack, in this order.
+SUITE = [("plain", 1), ("plain", 2), ("plain", 4), ("trust", 0), ("kill", 0)]
+
+
+async def burst_suite(args: argparse.Namespace) -> None:
+    """`make bench-burst`: plain bursts with 1, 2 and 4 worker processes, then the trust and
+    the worker-kill bursts (with --workers processes); writes bench/results/burst.md and
+    burst-raw.json (after each run, so a failed run keeps the earlier ones)."""
+    started = time.monotonic()
+    args.results.mkdir(parents=True, exist_ok=True)
+    raw = args.results / "burst-raw.json"
+    runs: list[dict[str, Any]] = []
+    meta = {
+        "command": " ".join(["python bench/run.py", *sys.argv[1:]]),
+        "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M}",
+        "code": code_version(),
+        "burst": args.burst,
+        "kill_after_s": args.kill_after,
+    }
+    for variant, workers in SUITE:
+        try:
+            runs.append(await one_burst(args, variant, workers or args.workers))
+        except RelaunchError as exc:
+            log(f"burst {variant}: {exc}")
+            runs.append({"variant": variant, "workers": workers or args.workers, "error": str(exc)})
+        meta["wall_min"] = (time.monotonic() - started) / 60
+        raw.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1, default=str))
+        text = report.write_burst_suite(args.results, runs, meta)
+    print(text)
 
 
 def report_only(args: argparse.Namespace) -> None:
@@ -304,15 +358,48 @@ def main() -> None:
         action="store_true",
         help="only the burst and the watcher's cost (scale-only.json; REPORT.md untouched)",
     )
+    p.add_argument(
+        "--burst-suite",
+        action="store_true",
+        help="plain bursts with 1, 2 and 4 worker processes, the trust and the worker-kill "
+        "bursts, each on a fresh stack (burst.md, burst-raw.json; REPORT.md untouched)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes for the burst (`relaunch worker --processes N`; default 1; in "
+        "--burst-suite, those of the trust and kill bursts)",
+    )
+    p.add_argument(
+        "--burst-variant",
+        choices=scale.VARIANTS,
+        default="plain",
+        help="with --scale-only: plain; trust (n4 named by its jobs' own output only: must not "
+        "be drained); kill (the worker SIGKILLed --kill-after s after the fault)",
+    )
+    p.add_argument(
+        "--kill-after",
+        type=float,
+        default=4.0,
+        help="the kill burst: seconds from the fault to the worker's SIGKILL (default 4)",
+    )
     args = p.parse_args()
     args.classes = parse_classes(p, args.classes)
     if args.repeat < 0:
         p.error("--repeat must not be negative")
+    if not 1 <= args.workers <= 64:
+        p.error("--workers must be 1 to 64")
+    if args.burst_variant != "plain" and not args.scale_only:
+        p.error("--burst-variant goes with --scale-only (--burst-suite runs every variant)")
     if args.report_only:
         report_only(args)
         return
     try:
-        asyncio.run(scale_only(args) if args.scale_only else bench(args))
+        if args.burst_suite:
+            asyncio.run(burst_suite(args))
+        else:
+            asyncio.run(scale_only(args) if args.scale_only else bench(args))
     except RelaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

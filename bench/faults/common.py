@@ -206,6 +206,9 @@ class BenchStack:
     stack: Stack | None = None
     config: ClusterConfig | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Worker processes: with more than one, `relaunch worker --processes N` (a supervisor
+    # parent and N children); with one, the plain `relaunch worker` as ever.
+    workers: int = 1
 
     async def up(self) -> None:
         cfg = StackConfig.with_free_ports(cluster=self.name, services=False, **self.overrides)
@@ -222,13 +225,24 @@ class BenchStack:
                 self.stack.node_log(node).parent.mkdir(parents=True, exist_ok=True)
                 self.stack.node_log(node).touch()
             for proc in ("worker", "watch"):
-                out = open(self.root / f"{self.name}-{proc}.log", "ab")  # noqa: SIM115
-                self.procs[proc] = subprocess.Popen(
-                    [sys.executable, "-m", "relaunch.cli", proc, "--config", str(path)],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=ROOT,
-                )
+                self.start_proc(proc)
+
+    def start_proc(self, proc: str) -> subprocess.Popen[bytes]:
+        """Start (or start again, after a kill) the stack's `relaunch worker` or `relaunch
+        watch`, its output appended to <root>/<name>-<proc>.log."""
+        argv = [
+            sys.executable,
+            "-m",
+            "relaunch.cli",
+            proc,
+            "--config",
+            str(self.root / f"{self.name}.json"),
+        ]
+        if proc == "worker" and self.workers > 1:
+            argv += ["--processes", str(self.workers)]
+        out = open(self.root / f"{self.name}-{proc}.log", "ab")  # noqa: SIM115
+        self.procs[proc] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self.procs[proc]
 
     @property
     def s(self) -> Stack:

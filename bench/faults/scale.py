@@ -4,7 +4,20 @@ queue, on a private 8-node stack whose nodes claim more CPUs (SlurmdParameters=c
 Burst: N one-CPU jobs (`sbatch --requeue --comment relaunch=on --wrap 'sleep 3600'`) fill nodes
 n1–n4 (n5–n8 held out by a drain while they are placed, then returned to service); then n1–n4
 fail at once (faults.kill_node: slurmd and every job process SIGKILLed, an Xid 79 line in each
-node's kernel-log source). Every job's recovery is read back from the audit trail."""
+node's kernel-log source). Every job's recovery is read back from the audit trail:
+
+- per job: fault → first detection; detection → first action (its own first `action` row, or
+  the drain of a node decision it joined, counted 0 when the node was drained before the job
+  was detected); detection → requeue (its `action` step=restart row that changed the job);
+- per node decision (``relaunch-<cluster>-node-<node>-<n>``): fault → drain, the node's first
+  detection → drain, its requeue batches; per node, the drains that changed it (exactly one);
+- the audit trail of each job incident, the node decision's id in a sample of the job
+  workflows' Temporal histories, and each job requeued exactly once (Slurm's restart count and
+  the restart rows).
+
+Variants: ``trust`` (n4 stays up and only its jobs die, after each printed an Xid line in its
+own output: job-controlled evidence, which must not drain n4) and ``kill`` (the worker is
+SIGKILLed a few seconds after the fault, while requeues are in flight)."""
 
 from __future__ import annotations
 
@@ -13,21 +26,27 @@ import contextlib
 import json
 import math
 import os
+import random
 import resource
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psutil
+from temporalio.client import Client
 
 from bench.faults.common import BenchError, BenchStack, log, now, pct
 from relaunch.connectors.audit import AuditStore
 from relaunch.devstack import faults, services
 from relaunch.models.config import WatchSettings
+from relaunch.models.node_decision import parse_node_decision_id
 from relaunch.models.recovery import Mode, Policy
 from relaunch.models.scheduler import JobState
+from relaunch.models.search_attributes import TERMINAL_STAGES
 from relaunch.workers.watch_main import BriefSchedulerView
 from relaunch.workers.watcher import WatchConfig, Watcher
 
@@ -40,7 +59,7 @@ SCALE_POLICY = Policy(
 )
 
 
-def scale_stack(root: Any, burst: int, max_jobs: int) -> BenchStack:
+def scale_stack(root: Any, burst: int, max_jobs: int, workers: int = 1) -> BenchStack:
     return BenchStack(
         root=root,
         name="scale",
@@ -52,6 +71,7 @@ def scale_stack(root: Any, burst: int, max_jobs: int) -> BenchStack:
         },
         policy=SCALE_POLICY,
         watch=WatchSettings(poll_interval_s=1.0),
+        workers=workers,
     )
 
 
@@ -88,42 +108,86 @@ async def submit_many(bs: BenchStack, n: int, args: list[str], parallel: int = 1
 
 
 class Sampler:
-    """CPU % and RSS of one process, every 0.5 s."""
+    """CPU % and RSS of one process, every 0.5 s; with ``tree``, of a supervisor and its
+    children (`relaunch worker --processes N`). ``pid`` may be a callable, asked at every
+    sample, so that a worker killed and started again is followed.
 
-    def __init__(self, pid: int) -> None:
-        self.proc = psutil.Process(pid)
+    CPU-s is the sum over every process seen of its last-read CPU time less its CPU time at
+    the start (0 for a process that started later): a process that died keeps what it had
+    used up to its last sample (at most 0.5 s of it is lost). Each worker's time includes its
+    reaped children (`squeue`, `scontrol`); a supervisor's own count leaves its children's out,
+    since they are counted themselves (its `children_*` times would count a reaped worker a
+    second time)."""
+
+    def __init__(self, pid: int | Callable[[], int], *, tree: bool = False) -> None:
+        self._pid: Callable[[], int] = pid if callable(pid) else (lambda: pid)
+        self.tree = tree
         self.samples: list[tuple[float, float, float]] = []
         self._task: asyncio.Task[None] | None = None
-        self.cpu0 = self._cpu()
+        self._procs: dict[int, psutil.Process] = {}
+        self._base: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._started = False
+        self._look()
+
+    def _members(self) -> list[tuple[psutil.Process, bool]]:
+        """The processes sampled now, each with whether it is the root."""
+        pid = self._pid()
+        if pid not in self._procs:
+            self._procs[pid] = psutil.Process(pid)
+        root = self._procs[pid]
+        out = [(root, True)]
+        if self.tree:
+            # The supervisor's own children (the worker processes): their children (short-lived
+            # `squeue` and such) are counted in each worker's children_* times once reaped.
+            out += [(self._procs.setdefault(c.pid, c), False) for c in root.children()]
+        return out
+
+    def _look(self) -> tuple[float, float]:
+        """Read every member's CPU time; the CPU % (summed) and RSS MiB (summed) now."""
+        pct_now = rss = 0.0
+        with contextlib.suppress(psutil.Error):
+            for proc, is_root in self._members():
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    cpu = t.user + t.system
+                    if not (self.tree and is_root):
+                        cpu += t.children_user + t.children_system
+                    self._base.setdefault(proc.pid, cpu if not self._started else 0.0)
+                    self._last[proc.pid] = cpu
+                    pct_now += proc.cpu_percent(None)
+                    rss += proc.memory_info().rss / 2**20
+        return pct_now, rss
 
     def _cpu(self) -> float:
-        t = self.proc.cpu_times()
-        return t.user + t.system + t.children_user + t.children_system
+        return sum(self._last[p] - self._base.get(p, 0.0) for p in self._last)
 
     def start(self) -> None:
-        self.proc.cpu_percent(None)
+        self._started = True
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            with contextlib.suppress(psutil.Error):
-                rss = self.proc.memory_info().rss / 2**20
-                self.samples.append((time.monotonic(), self.proc.cpu_percent(None), rss))
+            cpu, rss = self._look()
+            if rss:
+                self.samples.append((time.monotonic(), cpu, rss))
 
     async def stop(self) -> dict[str, float]:
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._look()
         cpu = [c for _, c, _ in self.samples]
         rss = [r for _, _, r in self.samples]
         return {
-            "cpu_s": self._cpu() - self.cpu0,
+            "cpu_s": self._cpu(),
             "cpu_pct_mean": sum(cpu) / len(cpu) if cpu else float("nan"),
             "cpu_pct_max": max(cpu, default=float("nan")),
             "rss_mib_max": max(rss, default=float("nan")),
             "rss_mib_start": rss[0] if rss else float("nan"),
+            "processes": len(self._last),
         }
 
 
@@ -192,26 +256,54 @@ async def all_events(audit: AuditStore, kinds: list[str]) -> list[Any]:
         last = page[-1].id
 
 
-async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dict[str, Any]:
+VARIANTS = ("plain", "trust", "kill")
+# The line n4's jobs print in the trust burst: an Xid in the job's own output, which the job
+# controls (any program can print it), so it names n4 on untrusted evidence only.
+JOB_XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python3, GPU has fallen off the bus.\n"
+HISTORY_SAMPLE = 20  # job workflows whose Temporal history is read for their node decision
+
+
+async def burst(
+    bs: BenchStack,
+    audit: AuditStore,
+    n: int,
+    wait_s: float,
+    *,
+    variant: str = "plain",
+    kill_after: float = 4.0,
+    settle_s: float = 60.0,
+) -> dict[str, Any]:
+    """The burst (see the module's docstring). ``variant``: ``plain``; ``trust`` (n4's jobs
+    die after printing an Xid line in their own output, n4 itself stays up: job-controlled
+    evidence that must not drain it); ``kill`` (the worker is SIGKILLed ``kill_after`` s after
+    the fault: the single process, started again at once the way the stack started it, or with
+    several, one child, which its supervisor restarts). After every job was requeued (or
+    ``wait_s``), up to ``settle_s`` more for the recoveries to finish verifying."""
+    if variant not in VARIANTS:
+        raise BenchError(f"unknown burst variant {variant!r}")
     sched = bs.sched()
     spare = bs.s.slurm.nodes[4:]
     failing = bs.s.slurm.nodes[:4]
+    # The nodes that fail with trusted evidence (their kernel log): each is drained once.
+    trusted = failing[:3] if variant == "trust" else failing
+    out_dir = bs.root / "out"
+    if variant == "trust":
+        out_dir.mkdir(exist_ok=True)
+        out_dir.chmod(0o777)
+    output = f"--output={out_dir}/%j.out" if variant == "trust" else "--output=/dev/null"
     for node in spare:
         await sh(bs, "scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-hold")
     t0 = time.monotonic()
     ids = await submit_many(
-        bs,
-        n,
-        ["--requeue", "--comment=relaunch=on", "--output=/dev/null", "--wrap", "sleep 3600"],
+        bs, n, ["--requeue", "--comment=relaunch=on", output, "--wrap", "sleep 3600"]
     )
+    id_set = set(ids)
     submit_s = time.monotonic() - t0
     log(f"scale: {n} jobs submitted in {submit_s:.0f}s; waiting for them to run")
 
     async def running() -> int:
         return sum(
-            1
-            for j in await sched.list_jobs()
-            if j.job_id in set(ids) and j.state is JobState.RUNNING
+            1 for j in await sched.list_jobs() if j.job_id in id_set and j.state is JobState.RUNNING
         )
 
     deadline = time.monotonic() + 300
@@ -222,7 +314,7 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     for node in spare:
         await sh(bs, "scontrol", "update", f"nodename={node}", "state=resume")
     await asyncio.sleep(3)  # the watcher has seen every job running
-    worker = Sampler(bs.procs["worker"].pid)
+    worker = Sampler(lambda: bs.procs["worker"].pid, tree=bs.workers > 1)
     watcher = Sampler(bs.procs["watch"].pid)
     temporal_pid = services.temporal_pid(bs.s.temporal_root)
     temporal = Sampler(temporal_pid) if temporal_pid else None
@@ -230,83 +322,347 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
     watcher.start()
     if temporal:
         temporal.start()
-    placed = {j.job_id: j.nodes[0] for j in await sched.list_jobs() if j.job_id in set(ids)}
+    placed = {j.job_id: j.nodes[0] for j in await sched.list_jobs() if j.job_id in id_set}
     # Find every victim first (a scan of /proc takes seconds and stalls this 2-core machine),
-    # let the machine settle, then fail the nodes together.
-    victims = {node: faults.node_processes(bs.s.slurm, node) for node in failing}
+    # let the machine settle, then fail the nodes together. A node failing on job-controlled
+    # evidence only (the trust burst's n4) keeps its slurmd: only its jobs' processes die.
+    victims = {
+        node: faults.node_processes(bs.s.slurm, node)
+        if node in trusted
+        else [p.pid for p in faults.job_processes(bs.s.slurm, node)]
+        for node in failing
+    }
     await asyncio.sleep(5)
+    check_alive(bs)
     probe = await StallProbe.start()
     fault_at = now()
     killed = 0
     node_fault: dict[str, datetime] = {}
     for node in failing:
-        killed += faults.kill_pids(node, victims[node], kernel_log=bs.node_log(node))
+        if node in trusted:
+            killed += faults.kill_pids(node, victims[node], kernel_log=bs.node_log(node))
+        else:
+            for job, where in placed.items():
+                if where == node:
+                    with open(out_dir / f"{job}.out", "a") as fh:
+                        fh.write(JOB_XID.format(pid=4000 + int(job) % 1000))
+            killed += faults.kill_pids(node, victims[node])
         node_fault[node] = now()
     log(f"scale: killed {killed} processes on {','.join(failing)}; waiting for {n} recoveries")
+    kill_task = (
+        asyncio.create_task(kill_worker(bs, audit, kill_after, fault_at))
+        if variant == "kill"
+        else None
+    )
     await asyncio.sleep(10)
     stall = await probe.stop()
     deadline = time.monotonic() + wait_s
-    restarted: dict[str, datetime] = {}
+    requeued_jobs: set[str] = set()
     while time.monotonic() < deadline:
-        actions = await all_events(audit, ["action"])
-        restarted = {
-            e.incident_id: e.at for e in actions if str(e.data.get("step", "")) == "restart"
+        requeued_jobs = {
+            job
+            for e in await all_events(audit, ["action"])
+            if e.data.get("step") == "restart"
+            and e.data.get("changed")
+            and (job := job_of(e.incident_id)) in id_set
         }
-        if len(restarted) >= n:
+        if len(requeued_jobs) >= n and (kill_task is None or kill_task.done()):
             break
+        if kill_task is None or kill_task.done():
+            check_alive(bs)
         await asyncio.sleep(3)
     handled_s = (now() - fault_at).total_seconds()
+    kill = await kill_task if kill_task is not None else None
     await asyncio.sleep(2)
     cpu_worker = await worker.stop()
     cpu_watcher = await watcher.stop()
     cpu_temporal = await temporal.stop() if temporal else None
-    dets = await all_events(audit, ["detection"])
-    acts = await all_events(audit, ["action"])
-    stages = await all_events(audit, ["stage"])
-    first_det: dict[str, datetime] = {}
-    for e in dets:
-        at = datetime.fromisoformat(str(e.data["detected_at"]))
-        first_det[e.incident_id] = min(first_det.get(e.incident_id, at), at)
-    first_act: dict[str, datetime] = {}
-    for e in acts:
-        first_act[e.incident_id] = min(first_act.get(e.incident_id, e.at), e.at)
-    det_s = [
-        (t - node_fault[placed[job]]).total_seconds()
-        for i, t in first_det.items()
-        if (job := i.rsplit("-", 2)[-2]) in placed
+    # The recoveries verify their jobs (RUNNING again on n5–n8): give them a while to finish.
+    settle_start = time.monotonic()
+    while time.monotonic() - settle_start < settle_s:
+        last = last_stages(await all_events(audit, ["stage"]))
+        open_jobs = [i for i, st in last.items() if job_of(i) in id_set and st not in FINAL]
+        if not open_jobs:
+            break
+        await asyncio.sleep(3)
+    settled_s = time.monotonic() - settle_start
+    kinds = [
+        "detection",
+        "evidence",
+        "verdict",
+        "plan",
+        "node_decision",
+        "action",
+        "stage",
+        "verify",
     ]
-    act_s = [(first_act[i] - first_det[i]).total_seconds() for i in first_act if i in first_det]
-    rst_s = [(restarted[i] - first_det[i]).total_seconds() for i in restarted if i in first_det]
-    final: dict[str, str] = {}
-    for e in stages:
-        final[e.incident_id] = str(e.stage)
-    # Where the time between detection and action goes: each milestone's first row, from the
-    # incident's first detection.
-    milestones: dict[str, dict[str, datetime]] = {}
-    for e in [*stages, *await all_events(audit, ["evidence", "verdict", "plan"]), *acts]:
-        key = f"stage:{e.stage}" if e.kind == "stage" else e.kind
-        first = milestones.setdefault(key, {})
-        first[e.incident_id] = min(first.get(e.incident_id, e.at), e.at)
-    breakdown = {}
-    for key, at in sorted(milestones.items()):
-        spans = [(t - first_det[i]).total_seconds() for i, t in at.items() if i in first_det]
-        breakdown[key] = {"n": len(spans), "p50": pct(spans, 50), "p95": pct(spans, 95)}
-    drained = sorted(n.name for n in await sched.list_nodes() if n.drain_flag)
-    jobs = {j.job_id: j for j in await sched.list_jobs() if j.job_id in set(ids)}
+    rows = await all_events(audit, kinds)
+    rows += await all_events(audit, ["requeue_batch"])
+    jobs = {j.job_id: j for j in await sched.list_jobs() if j.job_id in id_set}
+    drained = sorted(nd.name for nd in await sched.list_nodes() if nd.drain_flag)
+    out = analyse(rows, ids, placed, node_fault, fault_at, trusted)
+    out["history"] = await check_histories(bs, out.pop("_history_pick"))
+    out["exactly_once"] = exactly_once(rows, ids, jobs)
+    if variant == "trust":
+        out["trust"] = trust_report(rows, placed, failing[3], drained)
     running_again = sum(
         1 for j in jobs.values() if j.state is JobState.RUNNING and j.restart_count >= 1
     )
     return {
+        "variant": variant,
+        "workers": bs.workers,
         "jobs": n,
         "submit_s": submit_s,
         "killed_processes": killed,
         "kill_spread_s": (max(node_fault.values()) - fault_at).total_seconds(),
         "stall_s": stall["stall_s"],
         "busy_after_fault": stall["busy"],
-        "incidents": len(first_det),
-        "restarted": len(restarted),
         "running_again": running_again,
         "handled_s": handled_s,
+        "settled_s": settled_s,
+        "drained": drained,
+        "false_drains": [d for d in drained if d not in trusted],
+        "expected_drained": list(trusted),
+        "worker": cpu_worker,
+        "watcher": cpu_watcher,
+        "temporal": cpu_temporal,
+        "kill": kill,
+        **out,
+    }
+
+
+FINAL = {s.value for s in TERMINAL_STAGES}
+
+
+def check_alive(bs: BenchStack) -> None:
+    """Fail the burst at once when the stack's worker or watcher has exited (a burst without
+    them would wait out its deadline for nothing)."""
+    for name, proc in bs.procs.items():
+        code = proc.poll()
+        if code is not None:
+            raise BenchError(
+                f"relaunch {name} (pid {proc.pid}) exited with {code} "
+                f"(see {bs.root / f'{bs.name}-{name}.log'})"
+            )
+
+
+def job_of(incident_id: str) -> str:
+    """The job id of a job recovery's incident (``relaunch-<cluster>-<job>-<attempt>``); "" for
+    a node decision's."""
+    if parse_node_decision_id(incident_id) is not None:
+        return ""
+    parts = incident_id.rsplit("-", 2)
+    return parts[-2] if len(parts) == 3 else ""
+
+
+def last_stages(stages: list[Any]) -> dict[str, str]:
+    final: dict[str, str] = {}
+    for e in sorted(stages, key=lambda e: e.id):
+        final[e.incident_id] = str(e.stage)
+    return final
+
+
+async def kill_worker(
+    bs: BenchStack, audit: AuditStore, after: float, fault_at: datetime
+) -> dict[str, Any]:
+    """SIGKILL the worker ``after`` s after the fault: with one process, that process (started
+    again at once, as a process manager would); with several, one child of the supervisor
+    (which restarts it)."""
+    await asyncio.sleep(max(0.0, after - (now() - fault_at).total_seconds()))
+    done = sum(
+        1
+        for e in await all_events(audit, ["action"])
+        if e.data.get("step") == "restart" and e.data.get("changed")
+    )
+    parent = bs.procs["worker"]
+    if bs.workers > 1:
+        children = psutil.Process(parent.pid).children()
+        if not children:
+            raise BenchError("the worker supervisor has no child to kill")
+        victim = children[0].pid
+        os.kill(victim, signal.SIGKILL)
+        at = now()
+        how = f"one of {len(children)} worker processes (the supervisor restarts it)"
+    else:
+        victim = parent.pid
+        parent.kill()
+        at = now()
+        await asyncio.to_thread(parent.wait)
+        bs.start_proc("worker")
+        how = "the worker process, started again at once"
+    log(f"scale: SIGKILLed {how}, pid {victim}; {done} jobs requeued before")
+    return {
+        "after_fault_s": (at - fault_at).total_seconds(),
+        "pid": victim,
+        "how": how,
+        "requeued_before": done,
+    }
+
+
+def analyse(
+    rows: list[Any],
+    ids: list[str],
+    placed: dict[str, str],
+    node_fault: dict[str, datetime],
+    fault_at: datetime,
+    trusted: list[str],
+) -> dict[str, Any]:
+    """Every figure of the burst that the audit trail gives (see the module's docstring)."""
+    id_set = set(ids)
+    by: dict[str, dict[str, list[Any]]] = {}
+    for e in sorted(rows, key=lambda e: e.id):
+        by.setdefault(e.incident_id, {}).setdefault(e.kind, []).append(e)
+    job_incidents = {i: k for i, k in by.items() if job_of(i) in id_set}
+    decisions = {i: k for i, k in by.items() if parse_node_decision_id(i) is not None}
+
+    first_det: dict[str, datetime] = {}
+    for i, k in job_incidents.items():
+        for e in k.get("detection", []):
+            at = datetime.fromisoformat(str(e.data["detected_at"]))
+            first_det[i] = min(first_det.get(i, at), at)
+    det_s = [(t - node_fault[placed[job_of(i)]]).total_seconds() for i, t in first_det.items()]
+
+    def restarts(k: dict[str, list[Any]]) -> list[Any]:
+        return [e for e in k.get("action", []) if e.data.get("step") == "restart"]
+
+    def drains(k: dict[str, list[Any]]) -> list[Any]:
+        return [e for e in k.get("action", []) if e.data.get("step") == "drain"]
+
+    decision_drain = {d: min((e.at for e in drains(k)), default=None) for d, k in decisions.items()}
+    joined: dict[str, dict[str, str]] = {}
+    requeue_by: dict[str, str] = {}
+    for i, k in job_incidents.items():
+        for e in k.get("node_decision", []):
+            if e.data.get("decisions"):
+                joined[i] = dict(e.data["decisions"])
+                requeue_by[i] = str(e.data.get("requeue_by", ""))
+
+    # The earlier figures: an incident's first own action row, its first restart row.
+    act_s, rst_s = [], []
+    # This change's: first action = its own first action or the drain of a decision it joined
+    # (0 when that drain came before the job's detection); requeue = its restart row that
+    # changed the job.
+    first_action_s, requeue_s = [], []
+    pre_isolated = 0
+    for i, det in first_det.items():
+        k = job_incidents[i]
+        own = [e.at for e in k.get("action", [])]
+        if own:
+            act_s.append((min(own) - det).total_seconds())
+        if r := restarts(k):
+            rst_s.append((min(e.at for e in r) - det).total_seconds())
+        if changed := [e.at for e in restarts(k) if e.data.get("changed")]:
+            requeue_s.append((min(changed) - det).total_seconds())
+        via = [t for d in joined.get(i, {}).values() if (t := decision_drain.get(d)) is not None]
+        cand = own + via
+        if cand:
+            first = min(cand)
+            if first < det:
+                pre_isolated += 1
+            first_action_s.append(max(0.0, (first - det).total_seconds()))
+
+    final = {i: str(k["stage"][-1].stage) for i, k in by.items() if k.get("stage")}
+
+    # Drains, across every incident: how many changed each node (exactly once is right).
+    drain_count: dict[str, int] = {}
+    for k in by.values():
+        for e in drains(k):
+            if e.data.get("changed"):
+                for node in e.nodes or [str(e.data.get("target", "?"))]:
+                    drain_count[node] = drain_count.get(node, 0) + 1
+
+    node_rows = []
+    for d, k in sorted(decisions.items()):
+        parsed = parse_node_decision_id(d)
+        assert parsed is not None
+        node = parsed[1]
+        drain_at = decision_drain.get(d)
+        on_node = [t for i, t in first_det.items() if placed.get(job_of(i)) == node]
+        batches = [
+            {
+                "batch": e.data.get("batch"),
+                "size": len(e.data.get("jobs") or []),
+                "requeued": sum(
+                    1 for o in (e.data.get("outcomes") or {}).values() if o == "requeued"
+                ),
+                "took_s": e.data.get("took_s"),
+                "at_s": (e.at - fault_at).total_seconds(),
+            }
+            for e in k.get("requeue_batch", [])
+        ]
+        node_rows.append(
+            {
+                "id": d,
+                "node": node,
+                "joined": sum(1 for j in joined.values() if d in j.values()),
+                "requeues": sum(1 for r in requeue_by.values() if r == d),
+                "fault_to_drain_s": (drain_at - node_fault[node]).total_seconds()
+                if drain_at and node in node_fault
+                else None,
+                "detection_to_drain_s": (drain_at - min(on_node)).total_seconds()
+                if drain_at and on_node
+                else None,
+                "batches": batches,
+                "final_stage": final.get(d, "?"),
+            }
+        )
+
+    # The audit trail of every job incident.
+    missing: dict[str, list[str]] = {}
+    paths = {"node_decision": 0, "own_plan": 0}
+    for i, k in job_incidents.items():
+        lack = [kind for kind in ("detection", "evidence", "verdict") if not k.get(kind)]
+        if i in joined:
+            paths["node_decision"] += 1
+        elif k.get("plan"):
+            paths["own_plan"] += 1
+        else:
+            lack.append("node_decision or plan")
+        if not restarts(k):
+            lack.append("restart action")
+        if final.get(i) not in {"done", "verifying"}:
+            lack.append(f"final stage {final.get(i, 'none')}")
+        if lack:
+            missing[i] = lack
+    no_incident = sorted(id_set - {job_of(i) for i in job_incidents})
+    reasons: dict[str, int] = {}
+    for lack in missing.values():
+        for what in lack:
+            key = "final stage not done/verifying" if what.startswith("final stage") else what
+            reasons[key] = reasons.get(key, 0) + 1
+    audit = {
+        "incidents": len(job_incidents),
+        "complete": len(job_incidents) - len(missing),
+        "incomplete": len(missing),
+        "missing": reasons,
+        "examples": [f"{i}: {', '.join(m)}" for i, m in sorted(missing.items())[:5]],
+        "no_incident": len(no_incident),
+        "no_incident_examples": no_incident[:5],
+        "paths": paths,
+    }
+    pick = sorted(i for i in joined if requeue_by.get(i))
+    pick = random.Random(len(ids)).sample(pick, min(HISTORY_SAMPLE, len(pick)))
+
+    # Where the time goes: each milestone's first row, from the incident's first detection.
+    milestones: dict[str, dict[str, datetime]] = {}
+    for i, k in job_incidents.items():
+        for kind, events in k.items():
+            if kind in {"detection", "requeue_batch"}:
+                continue
+            for e in events:
+                key = f"stage:{e.stage}" if kind == "stage" else kind
+                seen = milestones.setdefault(key, {})
+                seen[i] = min(seen.get(i, e.at), e.at)
+    breakdown = {}
+    for key, when in sorted(milestones.items()):
+        spans = [(t - first_det[i]).total_seconds() for i, t in when.items() if i in first_det]
+        breakdown[key] = {"n": len(spans), "p50": pct(spans, 50), "p95": pct(spans, 95)}
+
+    job_final = [st for i, st in final.items() if i in job_incidents]
+    return {
+        "incidents": len(first_det),
+        "restarted": sum(1 for k in job_incidents.values() if restarts(k)),
+        "requeued": len(requeue_s),
         "detect_p50": pct(det_s, 50),
         "detect_p95": pct(det_s, 95),
         "action_p50": pct(act_s, 50),
@@ -314,15 +670,120 @@ async def burst(bs: BenchStack, audit: AuditStore, n: int, wait_s: float) -> dic
         "restart_p50": pct(rst_s, 50),
         "restart_p95": pct(rst_s, 95),
         "restart_max": max(rst_s, default=float("nan")),
-        "stages": {s: list(final.values()).count(s) for s in set(final.values())},
+        "first_action_p50": pct(first_action_s, 50),
+        "first_action_p95": pct(first_action_s, 95),
+        "first_action_max": max(first_action_s, default=float("nan")),
+        "pre_isolated": pre_isolated,
+        "requeue_p50": pct(requeue_s, 50),
+        "requeue_p95": pct(requeue_s, 95),
+        "requeue_max": max(requeue_s, default=float("nan")),
+        "stages": {st: job_final.count(st) for st in sorted(set(job_final))},
         "since_detection": breakdown,
-        "drained": drained,
-        "false_drains": [d for d in drained if d not in failing],
-        "worker": cpu_worker,
-        "watcher": cpu_watcher,
-        "temporal": cpu_temporal,
+        "node_decisions": node_rows,
+        "drain_count": drain_count,
+        "drained_once": all(drain_count.get(node) == 1 for node in trusted)
+        and all(node in trusted for node in drain_count),
+        "audit": audit,
         "det_samples": det_s,
         "act_samples": act_s,
+        "first_action_samples": first_action_s,
+        "requeue_samples": requeue_s,
+        "_history_pick": [(i, requeue_by[i]) for i in pick],
+    }
+
+
+async def check_histories(bs: BenchStack, pick: list[tuple[str, str]]) -> dict[str, Any]:
+    """Whether each picked job workflow's Temporal history holds the id of the node decision
+    that requeues its job (in the join's result or a `node_update` signal): the payloads are
+    plain JSON inside the serialized events (no codec)."""
+    client = await Client.connect(bs.s.temporal_address)
+    found, missing = 0, []
+    for wid, decision in pick:
+        try:
+            history = await client.get_workflow_handle(wid).fetch_history()
+        except Exception as exc:  # a history that cannot be read is reported, not fatal
+            missing.append(f"{wid}: {exc}"[:200])
+            continue
+        where = [
+            e.WhichOneof("attributes") or "?"
+            for e in history.events
+            if decision.encode() in e.SerializeToString()
+        ]
+        if where:
+            found += 1
+        else:
+            missing.append(wid)
+    return {"checked": len(pick), "with_decision": found, "missing": missing[:5]}
+
+
+def exactly_once(rows: list[Any], ids: list[str], jobs: dict[str, Any]) -> dict[str, Any]:
+    """Each burst job: Slurm's restart count now and the restart rows that changed it."""
+    changed: dict[str, int] = {}
+    for e in rows:
+        if e.kind == "action" and e.data.get("step") == "restart" and e.data.get("changed"):
+            job = job_of(e.incident_id)
+            changed[job] = changed.get(job, 0) + 1
+    bad = []
+    for job in ids:
+        count = jobs[job].restart_count if job in jobs else None
+        if count != 1 or changed.get(job, 0) != 1:
+            bad.append({"job": job, "restart_count": count, "rows": changed.get(job, 0)})
+    return {"jobs": len(ids), "ok": len(ids) - len(bad), "bad_n": len(bad), "bad": bad[:10]}
+
+
+def trust_report(
+    rows: list[Any], placed: dict[str, str], node: str, drained: list[str]
+) -> dict[str, Any]:
+    """What became of the jobs whose node was named by their own output only."""
+    mine = {j for j, nd in placed.items() if nd == node}
+    final: dict[str, str] = {}
+    plans: dict[str, int] = {}
+    verdicts: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    joined = 0
+    for e in sorted(rows, key=lambda e: e.id):
+        if job_of(e.incident_id) not in mine:
+            continue
+        if e.kind == "stage":
+            final[e.incident_id] = str(e.stage)
+        elif e.kind == "plan":
+            d = e.data
+            key = (
+                f"{d.get('action')} drain={','.join(d.get('drain_nodes') or []) or '-'} "
+                f"exclude={','.join(d.get('exclude_nodes') or []) or '-'} "
+                f"suspect={','.join(d.get('suspect_nodes') or []) or '-'}"
+            )
+            plans[key] = plans.get(key, 0) + 1
+            examples.setdefault("plan", e.summary[:300])
+        elif e.kind == "verdict":
+            d = e.data
+            key = (
+                f"{d.get('category')} culprits={','.join(d.get('culprit_nodes') or []) or '-'} "
+                f"suspects={d.get('suspects') or '-'}"
+            )
+            verdicts[key] = verdicts.get(key, 0) + 1
+            examples.setdefault("verdict", e.summary[:300])
+        elif e.kind == "node_decision" and e.data.get("decisions"):
+            joined += 1
+    stages = list(final.values())
+    decisions = sorted(
+        {
+            e.incident_id
+            for e in rows
+            if (p := parse_node_decision_id(e.incident_id)) and p[1] == node
+        }
+    )
+    return {
+        "node": node,
+        "jobs": len(mine),
+        "incidents": len(final),
+        "stages": {st: stages.count(st) for st in sorted(set(stages))},
+        "verdicts": verdicts,
+        "plans": plans,
+        "examples": examples,
+        "joined_a_decision": joined,
+        "node_decisions": decisions,
+        "drained": node in drained,
     }
 
 
