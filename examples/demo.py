@@ -4,7 +4,9 @@
 2. submit the PyTorch DDP example (2 nodes, gloo) and let it write a checkpoint;
 3. kill one of its nodes (slurmd and the job's processes there) and write the Xid 79 line a dying
    GPU prints into that node's kernel-log source;
-4. Relaunch detects it, attributes it, and — in monitor mode — recommends a plan and waits;
+4. Relaunch detects it, attributes it, and — in monitor mode — recommends a plan and waits (the
+   failed node's decision, which the job's recovery joined: one approval covers every job the
+   node took down);
 5. approve from the CLI; Relaunch drains the node, requeues the job without it, and verifies the
    job runs on healthy nodes and resumes from its checkpoint;
 6. print the incident's timeline; leave the stack running.
@@ -79,6 +81,8 @@ async def wait_stage(
             continue
         if status.stage in stages or status.stage in TERMINAL_STAGES:
             return status
+        if Stage.AWAITING_APPROVAL in stages and status.awaiting_approval:
+            return status  # its node decision awaits the approval, for every job it covers
         await asyncio.sleep(0.3)
     raise RelaunchError(f"incident {incident} did not reach {sorted(stages)} in {timeout:.0f}s")
 
@@ -134,13 +138,19 @@ async def story(stack: Stack) -> None:
             f"{', '.join(status.verdict.culprit_nodes) or '-'} "
             f"(confidence {status.verdict.confidence:.2f}) — {status.verdict.summary}"
         )
+    if status.node_decision:
+        print(
+            f"    node decision {status.node_decision}: drain "
+            f"{', '.join(status.node_decisions) or '-'} and requeue the jobs it took down "
+            f"(covers {status.covers} job{'' if status.covers == 1 else 's'} so far)"
+        )
     if status.plan:
         print(
             f"    plan: {status.plan.action.value}, "
             f"drain {','.join(status.plan.drain_nodes) or '-'}, "
             f"restart by {status.plan.restart_method.value}; mode {status.plan.mode.value}"
         )
-    if status.stage is not Stage.AWAITING_APPROVAL:
+    if not status.awaiting_approval:
         raise RelaunchError(f"incident ended as {status.stage.value}: {status.outcome}")
 
     cmd = [

@@ -102,8 +102,8 @@ class ActionActivities:
         sched, plan, policy = self.deps.scheduler, inp.plan, self.deps.config.policy
         beat("re-checking the blast-radius guard")
         since = datetime.now(UTC) - timedelta(hours=policy.drain_window_hours)
-        try:
-            partition = (await sched.get_job(plan.job_id)).partition
+        try:  # the shared brief listing: a rack's decisions drain one after another
+            partition = (await sched.get_job_brief(plan.job_id)).partition
         except JobNotFoundError:  # the job has left Slurm: count the whole cluster
             partition = ""
         check = drain_check(

@@ -13,10 +13,11 @@ from functools import wraps
 from typing import ParamSpec, TypeVar
 
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from relaunch.connectors.audit import AuditStore
-from relaunch.connectors.liveness import Prober
+from relaunch.connectors.liveness import Prober, SharedProber
 from relaunch.connectors.logstores import LogStore
 from relaunch.connectors.slurm.base import Scheduler
 from relaunch.models.config import ClusterConfig
@@ -35,6 +36,9 @@ class Deps:
     scheduler: Scheduler
     audit: AuditStore
     log_store: LogStore | None = None  # None: job and kernel logs are read from files
+    # The worker's Temporal client: a job recovery joins its culprits' node decisions with it
+    # (signal-with-start; a workflow cannot signal-with-start another).
+    temporal: Client | None = None
     _prober: Prober | None = field(default=None, init=False, repr=False)
 
     def prober(self) -> Prober:
@@ -44,10 +48,12 @@ class Deps:
         recovery is worth a line in slurmd's log."""
         if self._prober is None:
             try:
-                self._prober = self.scheduler.prober(self.config.watch.probe_method)
+                inner = self.scheduler.prober(self.config.watch.probe_method)
             except (RelaunchError, ValueError) as exc:
                 log.warning("evidence probes use TCP connects: %s", exc)
-                self._prober = self.scheduler.prober("connect")
+                inner = self.scheduler.prober("connect")
+            # The recoveries of one rack failure probe the same nodes at once: one probe each.
+            self._prober = SharedProber(inner)
         return self._prober
 
     async def close(self) -> None:

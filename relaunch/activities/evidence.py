@@ -117,7 +117,8 @@ class EvidenceActivities:
     @activity.defn(name="record_event")
     @typed_errors
     async def record_event(self, inp: RecordEventInput) -> bool:
-        if inp.cluster and inp.job_id and inp.attempt is not None:
+        # A node decision's incident has no job: its job_id is "".
+        if inp.cluster and inp.job_id is not None and inp.attempt is not None:
             await self.deps.audit.ensure_incident(
                 inp.incident_id, inp.cluster, inp.job_id, inp.attempt
             )
@@ -136,7 +137,9 @@ class EvidenceActivities:
     @typed_errors
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
         sched = self.deps.scheduler
-        job, nodes = await asyncio.gather(sched.get_job(inp.job_id), sched.list_nodes())
+        # The brief listing (squeue's text, shared by concurrent readers) has every field the
+        # evidence uses; the JSON listing costs 4x as much to read and parse.
+        job, nodes = await asyncio.gather(sched.get_job_brief(inp.job_id), sched.list_nodes())
         by_name = {n.name: n for n in nodes}
         allocated = [by_name[n] for n in job.nodes if n in by_name]
         unreachable = await self._unreachable(allocated)

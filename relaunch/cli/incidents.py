@@ -254,22 +254,37 @@ def register(cli: click.Group) -> None:
     def show_cmd(incident: str, config_path: Path | None, cluster: str, state_dir: Path) -> None:
         """Show one incident's timeline with per-stage durations and the Temporal UI link."""
 
-        async def go() -> tuple[ClusterConfig, str, list[str], list[StoredEvent]]:
+        async def go() -> tuple[
+            ClusterConfig, str, list[str], list[StoredEvent], dict[str, list[StoredEvent]]
+        ]:
             config = load_config(config_path, cluster, state_dir)
             store = await AuditStore.open(config.database_url, timeout=5)
             try:
                 meant, others = await resolve_incident(store, incident)
-                return config, meant, others, await store.events(meant)
+                events = await store.events(meant)
+                # The node decisions the recovery joined: their drain is this job's isolation.
+                joined = [
+                    str(d)
+                    for e in events
+                    if e.kind == "node_decision" and isinstance(e.data.get("decisions"), dict)
+                    for d in dict(e.data["decisions"]).values()  # type: ignore[call-overload]
+                ]
+                decisions = {d: await store.events(d) for d in dict.fromkeys(joined)}
+                return config, meant, others, events, decisions
             finally:
                 await store.close()
 
         try:
-            config, meant, others, events = asyncio.run(go())
+            config, meant, others, events, decisions = asyncio.run(go())
         except RelaunchError as exc:
             _fail(exc)
         if not events:
             _fail(RelaunchError(f"no incident {incident}", hint="`relaunch incidents` lists them"))
         click.echo(format_timeline(meant, events, config))
+        for decision, rows in decisions.items():
+            if rows:
+                click.echo(f"\nnode decision {decision} (joined by this recovery):")
+                click.echo(format_timeline(decision, rows, config))
         if others:
             click.echo(f"same job id and attempt, another job: {', '.join(others)}")
 
@@ -277,6 +292,17 @@ def register(cli: click.Group) -> None:
 def outcome(decision: str, incident: str, by: str, decided: RecoveryStatus) -> str:
     """What `relaunch approve` / `relaunch reject` print once the recovery took the decision."""
     line = f"{PAST[decision]} {decided.incident_id or incident} as {by}"
+    if decided.node_decision and decided.covers is not None:
+        # One decision for every job the node took down.
+        verb = "drains" if decision == "approve" else "does not drain"
+        node = next(
+            (n for n, d in decided.node_decisions.items() if d == decided.node_decision),
+            "the node",
+        )
+        return (
+            f"{line}\n  node decision {decided.node_decision} {verb} {node}; "
+            f"it covers {decided.covers} job{'s' if decided.covers != 1 else ''}"
+        )
     plan = decided.plan
     if plan is None:
         return line

@@ -24,6 +24,8 @@ from pydantic import BaseModel, Field
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import AuditRecord
 
+ENSURED_MAX = 100_000
+
 
 class AuditUnavailableError(RelaunchError):
     """The audit database does not answer."""
@@ -144,6 +146,28 @@ class StoredEvent(AuditRecord):
     id: int
 
 
+async def _insert(conn: AsyncConnection[Any], record: AuditRecord, dedupe_key: str | None) -> bool:
+    """Insert one audit row; False when its dedupe key is already there."""
+    cur = await conn.execute(
+        "insert into audit_events"
+        " (incident_id, kind, at, actor, stage, nodes, summary, data, dedupe_key)"
+        " values (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " on conflict (dedupe_key) do nothing",
+        (
+            record.incident_id,
+            record.kind,
+            record.at,
+            record.actor,
+            record.stage,
+            list(record.nodes),
+            record.summary,
+            Jsonb(json.loads(json.dumps(record.data, default=str))),
+            dedupe_key,
+        ),
+    )
+    return bool(cur.rowcount == 1)
+
+
 async def migrate(conn: AsyncConnection[Any]) -> int:
     """Apply pending migrations; returns the schema version."""
     async with conn.transaction():
@@ -170,6 +194,9 @@ class AuditStore:
 
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self._pool = pool
+        # Incidents this process has made sure of (rows are never deleted): bounded, cleared
+        # when full.
+        self._ensured: set[str] = set()
 
     @classmethod
     async def open(
@@ -196,34 +223,30 @@ class AuditStore:
     async def ensure_incident(
         self, incident_id: str, cluster: str, job_id: str, attempt: int
     ) -> None:
+        if incident_id in self._ensured:  # every row of a recovery asks; once is enough
+            return
         async with self._pool.connection() as conn:
             await conn.execute(
                 "insert into incidents (id, cluster, job_id, attempt) values (%s, %s, %s, %s)"
                 " on conflict (id) do nothing",
                 (incident_id, cluster, job_id, attempt),
             )
+        if len(self._ensured) >= ENSURED_MAX:
+            self._ensured.clear()
+        self._ensured.add(incident_id)
 
     async def record(self, record: AuditRecord, *, dedupe_key: str | None = None) -> bool:
         """Append one row; False when a row with the same dedupe_key is already there."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "insert into audit_events"
-                " (incident_id, kind, at, actor, stage, nodes, summary, data, dedupe_key)"
-                " values (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " on conflict (dedupe_key) do nothing",
-                (
-                    record.incident_id,
-                    record.kind,
-                    record.at,
-                    record.actor,
-                    record.stage,
-                    list(record.nodes),
-                    record.summary,
-                    Jsonb(json.loads(json.dumps(record.data, default=str))),
-                    dedupe_key,
-                ),
-            )
-            return bool(cur.rowcount == 1)
+            return await _insert(conn, record, dedupe_key)
+
+    async def record_many(self, rows: Sequence[tuple[AuditRecord, str | None]]) -> int:
+        """Append several rows (each with its dedupe key) in one transaction; how many were new.
+        A node decision's requeue batch records one row in each job's incident this way."""
+        if not rows:
+            return 0
+        async with self._pool.connection() as conn, conn.transaction():
+            return sum([await _insert(conn, record, key) for record, key in rows])
 
     async def incident_info(self, incident_id: str) -> dict[str, Any] | None:
         """The incident's cluster, job_id and attempt (None if unknown)."""
@@ -332,7 +355,11 @@ class AuditStore:
                    (array_agg(e.data->>'mode' order by e.id desc)
                        filter (where e.kind = 'plan'))[1] as mode,
                    coalesce((select v.nodes from audit_events v where v.incident_id = i.id
-                       and v.kind = 'verdict' order by v.id desc limit 1), '{{}}') as nodes
+                       and v.kind = 'verdict' order by v.id desc limit 1),
+                       -- a node decision has no verdict: its node is its plan's
+                       (select p.nodes from audit_events p where p.incident_id = i.id
+                       and p.kind = 'plan' and i.job_id = '' order by p.id desc limit 1),
+                       '{{}}') as nodes
             from recoveries i left join audit_events e on e.incident_id = i.id
             where {" and ".join(where)}
             group by i.id, i.cluster, i.job_id, i.attempt, i.created_at
@@ -355,6 +382,36 @@ class AuditStore:
             )
             row = await cur.fetchone()
             return int(row[0]) if row else 0
+
+    async def restarts_by_job(
+        self, cluster: str, job_ids: Sequence[str], since: datetime
+    ) -> dict[str, tuple[int, int]]:
+        """For each of ``job_ids``: the restarts Relaunch performed for it ever, and since
+        ``since`` (one query for a whole requeue batch; see ``count_restarts``)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "select i.job_id, count(*), count(*) filter (where e.at >= %s)"
+                " from audit_events e join incidents i on i.id = e.incident_id"
+                " where i.cluster = %s and i.job_id = any(%s) and e.kind = 'action'"
+                " and e.data->>'step' = 'restart' and (e.data->>'changed')::boolean"
+                " group by i.job_id",
+                (since, cluster, list(job_ids)),
+            )
+            found = {str(r[0]): (int(r[1]), int(r[2])) for r in await cur.fetchall()}
+        return {j: found.get(j, (0, 0)) for j in job_ids}
+
+    async def covered_by(self, decision_id: str) -> list[str]:
+        """The job recoveries that joined the node decision ``decision_id`` (their
+        `node_decision` rows), oldest first."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "select distinct e.incident_id, min(e.id) from audit_events e"
+                " where e.kind = 'node_decision' and exists (select 1 from"
+                " jsonb_each_text(coalesce(e.data->'decisions', '{}'::jsonb)) d"
+                " where d.value = %s) group by e.incident_id order by min(e.id)",
+                (decision_id,),
+            )
+            return [str(r[0]) for r in await cur.fetchall()]
 
     async def drained_nodes(self, cluster: str, since: datetime) -> list[str]:
         """Nodes Relaunch drained on this cluster since ``since`` (the blast-radius window)."""

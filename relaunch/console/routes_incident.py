@@ -24,6 +24,7 @@ from relaunch.console.web import (
     require_post,
 )
 from relaunch.models.errors import RelaunchError
+from relaunch.models.node_decision import parse_node_decision_id
 from relaunch.models.recovery import Approval
 from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
 
@@ -145,7 +146,18 @@ async def _context(request: Request, incident_id: str) -> dict[str, Any]:
         spans[-1].at + timedelta(seconds=c.config.policy.approval_timeout_s) if awaiting else None
     )
     verdict, plan = _latest(events, "verdict"), _latest(events, "plan")
+    node = parse_node_decision_id(incident_id)
+    joined = _latest(events, "node_decision")
     return {
+        # A node decision: its node and the job recoveries one decision covers.
+        "node_decision": {
+            "node": node[1],
+            "covers": await c.db.from_store(lambda store: store.covered_by(incident_id)),
+        }
+        if node is not None
+        else None,
+        # A job recovery that joined node decisions: which (node → decision id).
+        "joined": dict(joined.data.get("decisions") or {}) if joined else {},  # type: ignore[call-overload]
         "incident": summary,
         "events": events,
         "timeline": timeline(events),

@@ -21,6 +21,7 @@ from relaunch.models.recovery import (
     EvidenceSummary,
     GuardDecision,
     Policy,
+    RestartMethod,
     Verdict,
 )
 from relaunch.models.scheduler import Node
@@ -237,3 +238,20 @@ def _corroboration(
         if not sources and len(set(history.suspected_by.get(node, []))) >= policy.suspect_users:
             sources.append(SUSPECTED_BY_USERS)
     return out
+
+
+def node_decision_nodes(verdict: Verdict, evidence: EvidenceSummary, policy: Policy) -> list[str]:
+    """The culprits whose node decisions this job's recovery joins instead of planning its
+    own drain (see relaunch/models/node_decision.py): a node-level failure whose every culprit
+    a trusted source corroborates, restarted by requeue (the decision requeues its jobs in
+    batches). Anything else (an application error, a culprit named only by the job's output or
+    by other users' suspicion, no culprit, restart by resubmission) is planned job by job."""
+    if not policy.node_decisions or policy.restart_method is not RestartMethod.REQUEUE:
+        return []
+    culprits = sorted(set(verdict.culprit_nodes))
+    action = default_action(verdict.category, culprits, verdict.corroboration)
+    if action is not Action.ISOLATE_AND_RESTART:
+        return []
+    if not set(culprits) <= set(evidence.job.nodes):  # a culprit the job did not run on
+        return []
+    return culprits

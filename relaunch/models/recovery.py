@@ -212,6 +212,12 @@ class Policy(BaseModel):
     )
     repeat_offender_window_hours: float = Field(default=168.0, gt=0)
     verify_timeout_s: float = 300.0
+    node_decisions: bool = Field(
+        default=True,
+        description="one decision per failed node: recoveries that convict a node on trusted "
+        "evidence join its decision (one drain, one approval, restarts in batches) instead of "
+        "each planning its own drain (relaunch/workflows/node_decision.py)",
+    )
     suspect_users: int = Field(
         default=2,
         ge=2,
@@ -249,6 +255,9 @@ class GatherInput(BaseModel):
     cluster: str
     job_id: str
     attempt: int
+    policy: Policy | None = Field(
+        default=None, description="the recovery's policy (`investigate` joins node decisions by it)"
+    )
 
 
 class EvidenceSummary(BaseModel):
@@ -395,6 +404,14 @@ class VerifyInput(BaseModel):
     timeout_s: float = 300.0
 
 
+class VerifyCheck(BaseModel):
+    """One look at a restarted job (`verify_check`): done, failed, or not yet."""
+
+    done: bool = False
+    failed: bool = False
+    detail: str = ""
+
+
 class RecoveryInput(BaseModel):
     cluster: str
     job_id: str
@@ -420,6 +437,16 @@ class RecoveryStatus(BaseModel):
     decided_by: str | None = None
     detections: int = 0
     outcome: str = ""
+    node_decisions: dict[str, str] = Field(
+        default_factory=dict, description="the node decisions joined (node → decision id)"
+    )
+    node_decision: str | None = Field(
+        default=None, description="the node decision that decides this job's restart"
+    )
+    covers: int | None = Field(
+        default=None,
+        description="while that decision awaits approval: how many jobs one approval covers",
+    )
 
 
 class AuditRecord(BaseModel):

@@ -14,26 +14,40 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from relaunch.activities.actions import ActionActivities
 from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
+from relaunch.activities.node import NodeActivities
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.logstores import open_log_store
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.temporal import connect
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.config import ClusterConfig
+from relaunch.models.node_decision import node_task_queue
 from relaunch.models.recovery import task_queue
+from relaunch.workflows.node_decision import NodeDecisionWorkflow
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 log = logging.getLogger("relaunch.worker")
 
-WORKFLOWS = [RecoveryWorkflow]
+WORKFLOWS = [RecoveryWorkflow, NodeDecisionWorkflow]
+
+# The sandbox imports a workflow's module afresh for every workflow it starts: for Relaunch's,
+# compiling relaunch/workflows/recovery.py and node_decision.py anew each time (a py-spy
+# profile of a 500-job burst: 12 % of the worker's CPU, most of it compiling source). Relaunch's
+# own modules are passed through instead: imported once per process. They keep no mutable
+# global state a workflow could see, and every workflow change is still checked by replaying
+# the committed histories (tests/unit/test_replay.py) against this same runner.
+WORKFLOW_RUNNER = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("relaunch")
+)
 
 
 def activities_for(deps: Deps) -> list[Callable[..., Any]]:
-    evidence, actions = EvidenceActivities(deps), ActionActivities(deps)
+    evidence, actions, node = EvidenceActivities(deps), ActionActivities(deps), NodeActivities(deps)
     return [
         evidence.record_detection,
         evidence.record_event,
@@ -44,17 +58,31 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         actions.restart,
         actions.hold,
         actions.verify,
+        node.investigate,
+        node.join_node_decisions,
+        node.plan_node,
+        node.requeue_batch,
+        node.verify_check,
     ]
 
 
-def build_worker(client: Client, deps: Deps, *, queue: str | None = None) -> Worker:
-    return Worker(
-        client,
-        task_queue=queue or task_queue(deps.config.name),
-        workflows=WORKFLOWS,
-        activities=activities_for(deps),
-        graceful_shutdown_timeout=timedelta(seconds=20),
-    )
+def build_workers(client: Client, deps: Deps) -> list[Worker]:
+    """The cluster's two pollers in one process: job recoveries on the cluster's task queue,
+    node decisions (and their activities) on its node queue, so that a decision never waits
+    behind the recoveries it decides for. The activities are the same on both; each queue has
+    slots of its own."""
+    activities = activities_for(deps)
+    return [
+        Worker(
+            client,
+            task_queue=queue,
+            workflows=WORKFLOWS,
+            workflow_runner=WORKFLOW_RUNNER,
+            activities=activities,
+            graceful_shutdown_timeout=timedelta(seconds=20),
+        )
+        for queue in (task_queue(deps.config.name), node_task_queue(deps.config.name))
+    ]
 
 
 async def run_worker(config: ClusterConfig) -> None:
@@ -64,15 +92,22 @@ async def run_worker(config: ClusterConfig) -> None:
     await asyncio.to_thread(Catalogue.load)
     client = await connect(config)
     audit = await AuditStore.open(config.database_url)
-    deps = Deps(config=config, scheduler=scheduler, audit=audit, log_store=log_store)
-    worker = build_worker(client, deps)
+    deps = Deps(
+        config=config, scheduler=scheduler, audit=audit, log_store=log_store, temporal=client
+    )
+    workers = build_workers(client, deps)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("worker for cluster %s on task queue %s", config.name, task_queue(config.name))
+    log.info(
+        "worker for cluster %s on task queues %s and %s",
+        config.name,
+        task_queue(config.name),
+        node_task_queue(config.name),
+    )
     try:
-        async with worker:
+        async with workers[0], workers[1]:
             await stop.wait()
             log.info("shutting down")
     finally:

@@ -23,7 +23,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from relaunch.activities.actions import ActionActivities
     from relaunch.activities.evidence import EvidenceActivities
+    from relaunch.activities.node import NodeActivities
     from relaunch.models import search_attributes as sa
+    from relaunch.models.node_decision import JobOutcome, Joined, NodeUpdate
     from relaunch.models.recovery import (
         ActInput,
         Action,
@@ -33,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         Decision,
         DecisionInput,
         Detection,
+        EvidenceSummary,
         GatherInput,
         Mode,
         PlanInput,
@@ -43,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         StepOutcome,
         Verdict,
+        VerifyCheck,
         VerifyInput,
         recovery_workflow_id,
     )
@@ -133,6 +137,14 @@ INVESTIGATE = CallPolicy(
     OUTAGE_RETRY,
     give_up_after=OUTAGE_TOLERANCE,
 )
+# `investigate` heartbeats while it runs: one whose worker died is retried elsewhere within
+# seconds, not after its two-minute timeout (a worker killed in a rack failure's burst).
+INVESTIGATE_BEATING = CallPolicy(
+    timedelta(seconds=120),
+    OUTAGE_RETRY,
+    heartbeat=timedelta(seconds=20),
+    give_up_after=OUTAGE_TOLERANCE,
+)
 
 
 # Recoveries started after this patch run their quick steps (audit records, evidence,
@@ -163,6 +175,23 @@ LATE_DECISIONS_RECORDED = "late-decisions-recorded"
 # the job instead of restarting it; the suspects of an exclude_and_restart are recorded. Older
 # histories, whose plans never carry these, replay unpatched.
 GUARD_REFUSALS = "guard-refusals"
+
+# Recoveries started after this patch join the node decision of each culprit their verdict
+# convicts on trusted evidence (relaunch/workflows/node_decision.py) instead of planning their
+# own drain: the decision drains the node once and requeues its jobs in batches, and the
+# recovery waits for its job's outcome. They also verify a restarted job by short checks with
+# a durable timer between them (`verify_check`), holding no activity slot while the job comes
+# back. Older histories replay unpatched.
+NODE_DECISIONS = "node-decisions"
+# Before each look at a restarted job: 5 s, growing by half each time, to 10 s. A requeued job
+# waits out Slurm's cred_expire (10 s at the least that is sane) before it runs again, so an
+# earlier look finds nothing; each look is a workflow task, and hundreds of recoveries look at
+# once after a rack failure.
+VERIFY_FIRST_PAUSE = timedelta(seconds=5)
+VERIFY_MAX_PAUSE = timedelta(seconds=10)
+# How long a recovery waits for its node decision's outcome beyond the approval timeout
+# before it goes on alone (a decision terminated by hand, a stuck batch).
+NODE_WAIT_SLACK = timedelta(minutes=15)
 
 # Recoveries started after this patch end with a recorded no_action stage when the job has
 # left Slurm before its evidence is gathered (cancelled and aged out, a cluster reset), instead
@@ -230,6 +259,10 @@ class RecoveryWorkflow:
         self._late_decisions = 0
         self._outcome = ""
         self._patches: dict[str, bool] = {}
+        # The node decisions this recovery joined (node → id, and the one that requeues its
+        # job), and the latest news from each decision (an outcome, once given, stays).
+        self._joined = Joined()
+        self._node_updates: dict[str, NodeUpdate] = {}
 
     def _patched(self, patch_id: str) -> bool:
         """``workflow.patched(patch_id)``, asked once per run and remembered."""
@@ -255,6 +288,7 @@ class RecoveryWorkflow:
         if self._patched(IO_STEPS_AS_ACTIVITIES):
             self._patched(GUARD_REFUSALS)
             self._patched(JOB_LEFT_SLURM)
+            self._patched(NODE_DECISIONS)
 
     @property
     def _quick_local(self) -> bool:
@@ -287,6 +321,36 @@ class RecoveryWorkflow:
         )
 
     @workflow.signal
+    def node_update(self, update: NodeUpdate) -> None:
+        """News from a node decision this recovery joined: it awaits approval, or the job's
+        outcome (only the decision that requeues the job decides it). Kept by decision: the
+        news can come before the recovery has read which decisions it joined (the join is in
+        `investigate`, and a signal is handled before the activity's result in one task)."""
+        known = self._node_updates.get(update.decision_id)
+        if known is not None and known.outcome is not None:
+            return  # the job's outcome is given once
+        self._node_updates[update.decision_id] = update
+
+    @property
+    def _node_outcome(self) -> NodeUpdate | None:
+        """The job's outcome from the decision that requeues it, once given."""
+        update = self._node_updates.get(self._joined.requeue_by)
+        return update if update is not None and update.outcome is not None else None
+
+    @property
+    def _node_awaiting(self) -> NodeUpdate | None:
+        """The news of the job's decision while it awaits a person's approval."""
+        waiting = self._node_waits()
+        return waiting if self._decision is None else None
+
+    def _node_waits(self) -> NodeUpdate | None:
+        """The job's decision's last news, while it says it awaits approval (decided here or
+        not)."""
+        update = self._node_updates.get(self._joined.requeue_by)
+        waits = update is not None and update.awaiting_approval and update.outcome is None
+        return update if waits else None
+
+    @workflow.signal
     async def approve(self, approval: Approval) -> None:
         """Approve the plan awaiting approval (the Temporal UI's and `temporal workflow
         signal`'s way; `relaunch approve` uses the `decide` update)."""
@@ -298,10 +362,20 @@ class RecoveryWorkflow:
         await self._signalled(Decision.REJECT, approval)
 
     @workflow.update
-    def decide(self, inp: DecisionInput) -> RecoveryStatus:
-        """A person's decision on the plan awaiting approval; the status with it taken."""
+    async def decide(self, inp: DecisionInput) -> RecoveryStatus:
+        """A person's decision on the plan awaiting approval; the status with it taken. While
+        the job's node decision awaits approval, the decision is that decision's: it covers
+        every job that joined it."""
         self._decision = (inp.decision, inp.approval)
+        await self._forward(inp.decision, inp.approval)
         return self.status()
+
+    async def _forward(self, decision: Decision, approval: Approval) -> None:
+        """Pass a decision on to the node decision awaiting it, if that is what is awaited."""
+        if self._node_waits() is not None and self._stage is Stage.ISOLATING:
+            await workflow.get_external_workflow_handle(self._joined.requeue_by).signal(
+                decision.value, approval
+            )
 
     @decide.validator
     def _decide_allowed(self, inp: DecisionInput) -> None:
@@ -312,7 +386,9 @@ class RecoveryWorkflow:
 
     @workflow.query
     def status(self) -> RecoveryStatus:
-        awaiting = self._stage is Stage.AWAITING_APPROVAL
+        node = self._node_awaiting if self._stage is Stage.ISOLATING else None
+        awaiting = self._stage is Stage.AWAITING_APPROVAL or node is not None
+        news = self._node_updates.get(self._joined.requeue_by)
         return RecoveryStatus(
             incident_id=self._incident,
             stage=self._stage,
@@ -324,6 +400,9 @@ class RecoveryWorkflow:
             decided_by=self._decision[1].by if self._decision else None,
             detections=self._detections,
             outcome=self._outcome,
+            node_decisions=self._joined.decisions,
+            node_decision=self._joined.requeue_by or None,
+            covers=news.covers if news is not None else None,
         )
 
     def _not_awaiting(self) -> str | None:
@@ -331,6 +410,8 @@ class RecoveryWorkflow:
         if self._decision is not None:
             decision, by = self._decision
             return f"already {PAST[decision]} by {by.by}"
+        if self._stage is Stage.ISOLATING and self._node_awaiting is not None:
+            return None  # its node decision awaits one (see decide)
         if self._stage is not Stage.AWAITING_APPROVAL:
             return f"not awaiting approval (stage {self._stage.value})"
         return None
@@ -341,6 +422,7 @@ class RecoveryWorkflow:
         why = self._not_awaiting()
         if why is None:
             self._decision = (decision, approval)
+            await self._forward(decision, approval)
             return
         workflow.logger.warning("ignored %s by %s: %s", decision.value, approval.by, why)
         if not self._patched(LATE_DECISIONS_RECORDED):
@@ -434,20 +516,29 @@ class RecoveryWorkflow:
             [SA_CLUSTER.value_set(inp.cluster), SA_JOB.value_set(inp.job_id)]
         )
         await self._stage_to(Stage.GATHERING, "gathering evidence")
+        gather = GatherInput(
+            incident_id=self._incident, cluster=inp.cluster, job_id=inp.job_id, attempt=inp.attempt
+        )
+        joined = Joined()
         try:
-            local = self._io_local
-            evidence = await call(
-                EvidenceActivities.gather_evidence,
-                GatherInput(
-                    incident_id=self._incident,
-                    cluster=inp.cluster,
-                    job_id=inp.job_id,
-                    attempt=inp.attempt,
-                ),
-                OBSERVE if local else INVESTIGATE,
-                f"gather evidence for job {inp.job_id}",
-                local=local,
-            )
+            if self._patched(NODE_DECISIONS):
+                # Evidence, verdict and the node decisions joined, in one activity.
+                found = await call(
+                    NodeActivities.investigate,
+                    gather.model_copy(update={"policy": policy}),
+                    INVESTIGATE_BEATING,
+                    f"investigate job {inp.job_id}",
+                )
+                evidence, verdict, joined = found.evidence, found.verdict, found.joined
+            else:
+                local = self._io_local
+                evidence = await call(
+                    EvidenceActivities.gather_evidence,
+                    gather,
+                    OBSERVE if local else INVESTIGATE,
+                    f"gather evidence for job {inp.job_id}",
+                    local=local,
+                )
         except (ActivityError, ApplicationError) as err:
             # Nothing is left to recover: say so in the trail rather than fail the workflow.
             if not (_job_not_found(err) and self._patched(JOB_LEFT_SLURM)):
@@ -455,14 +546,15 @@ class RecoveryWorkflow:
             return await self._finish(
                 Stage.NO_ACTION, f"job {inp.job_id} no longer known to Slurm: no action"
             )
-        self._enter(Stage.ATTRIBUTING)
-        verdict = await call(
-            EvidenceActivities.attribute,
-            AttributeInput(incident_id=self._incident, bundle_path=evidence.bundle_path),
-            OBSERVE,
-            "attribute",
-            local=self._quick_local,
-        )
+        if not self._patched(NODE_DECISIONS):
+            self._enter(Stage.ATTRIBUTING)
+            verdict = await call(
+                EvidenceActivities.attribute,
+                AttributeInput(incident_id=self._incident, bundle_path=evidence.bundle_path),
+                OBSERVE,
+                "attribute",
+                local=self._quick_local,
+            )
         self._verdict = verdict
         workflow.upsert_search_attributes(
             [
@@ -470,6 +562,15 @@ class RecoveryWorkflow:
                 SA_NODES.value_set(verdict.culprit_nodes),
             ]
         )
+        if joined.decisions:
+            return await self._via_node_decisions(inp, verdict, evidence, joined)
+        return await self._plan_and_act(inp, verdict, evidence)
+
+    async def _plan_and_act(
+        self, inp: RecoveryInput, verdict: Verdict, evidence: EvidenceSummary
+    ) -> RecoveryStatus:
+        """Plan this job's own recovery and carry it out (approval, isolate, restart, verify)."""
+        policy = inp.policy
         self._enter(Stage.PLANNING)
         local = self._io_local
         plan = await call(
@@ -583,6 +684,12 @@ class RecoveryWorkflow:
             await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
             restarted = await self._act(ActionActivities.restart, act)
             await self._stage_to(Stage.VERIFYING, restarted.detail)
+            if self._patched(NODE_DECISIONS):
+                return await self._verify(
+                    restarted.new_job_id or plan.job_id,
+                    plan.exclude_nodes,
+                    evidence.job.last_checkpoint_step,
+                )
             verified = await call(
                 ActionActivities.verify,
                 VerifyInput(
@@ -603,6 +710,127 @@ class RecoveryWorkflow:
         except ActivityError as err:
             return await self._failed(err)
         return await self._finish(Stage.DONE, verified.detail)
+
+    # ------------------------------------------------------------------ node decisions
+
+    async def _via_node_decisions(
+        self, inp: RecoveryInput, verdict: Verdict, evidence: EvidenceSummary, joined: Joined
+    ) -> RecoveryStatus:
+        """See the job through the outcome of the node decision that requeues it (the recovery
+        joined the decisions of the culprits its verdict convicts, in `investigate`). Where the
+        decision leaves the job to this recovery (another node's to requeue, a job in monitor
+        mode under an autonomous decision, a failed batch), the recovery plans and acts alone."""
+        self._joined = joined
+        also = [d for d in joined.decisions.values() if d != joined.requeue_by]
+        await self._stage_to(
+            Stage.ISOLATING,
+            f"awaiting node decision {joined.requeue_by}"
+            + (f" (also joined {', '.join(also)})" if also else ""),
+            node_decisions=joined.decisions,
+        )
+        wait = timedelta(seconds=inp.policy.approval_timeout_s) + NODE_WAIT_SLACK
+        try:
+            await workflow.wait_condition(
+                lambda: self._node_outcome is not None,
+                timeout=wait,
+                timeout_summary="node decision",
+            )
+        except TimeoutError:
+            await self._record(
+                "node_decision",
+                f"no outcome from {joined.requeue_by} within {wait.total_seconds():.0f}s: "
+                "the recovery goes on alone",
+                dedupe="node_decision:timeout",
+            )
+            return await self._plan_and_act(inp, verdict, evidence)
+        update = self._node_outcome
+        assert update is not None
+        outcome = update.outcome
+        if outcome is JobOutcome.REQUEUED:
+            await self._stage_to(Stage.VERIFYING, update.detail)
+            return await self._verify(
+                evidence.job.job_id,
+                sorted(set(verdict.culprit_nodes) & set(evidence.job.nodes)),
+                evidence.job.last_checkpoint_step,
+            )
+        if outcome is JobOutcome.HOLD:
+            act = ActInput(
+                incident_id=self._incident,
+                cluster=inp.cluster,
+                plan=ActionPlan(
+                    request_id=f"{self._incident}/node",
+                    action=Action.HOLD,
+                    mode=Mode.AUTONOMOUS,
+                    job_id=evidence.job.job_id,
+                    expected_restart_count=evidence.job.restart_count,
+                ),
+            )
+            try:
+                held = await self._act(ActionActivities.hold, act)
+            except ActivityError as err:
+                return await self._failed(err)
+            return await self._finish(
+                Stage.HELD, f"{update.detail}: held for a human: {held.detail}"
+            )
+        if outcome is JobOutcome.REJECTED:
+            return await self._finish(Stage.REJECTED, f"{update.detail}: no action")
+        if outcome is JobOutcome.CANCELLED:
+            return await self._finish(Stage.FAILED, f"failed in acting: {update.detail}")
+        if outcome is JobOutcome.EXPIRED:
+            return await self._finish(Stage.EXPIRED, update.detail)
+        # ISOLATED (another node's decision, or a job in monitor mode under an autonomous
+        # decision) or FAILED: the recovery plans and acts on its own, as without decisions.
+        await self._record(
+            "node_decision",
+            f"{joined.requeue_by}: {outcome.value if outcome else '?'} — {update.detail}",
+            dedupe=f"node_decision:{outcome.value if outcome else '?'}",
+        )
+        return await self._plan_and_act(inp, verdict, evidence)
+
+    async def _verify(
+        self, job_id: str, avoid: list[str], checkpoint: int | None
+    ) -> RecoveryStatus:
+        """Look at the restarted job until it runs on healthy nodes (and past its checkpoint),
+        with a durable timer between looks; no activity slot is held while it comes back."""
+        inp = self._input
+        assert inp is not None
+        timeout = timedelta(seconds=inp.policy.verify_timeout_s)
+        deadline = workflow.now() + timeout
+        pause = VERIFY_FIRST_PAUSE
+        check = VerifyCheck()
+        while True:
+            await workflow.sleep(pause, summary="until the next look at the job")
+            pause = min(pause * 1.5, VERIFY_MAX_PAUSE)
+            try:
+                check = await call(
+                    NodeActivities.verify_check,
+                    VerifyInput(
+                        incident_id=self._incident,
+                        cluster=inp.cluster,
+                        job_id=job_id,
+                        avoid_nodes=avoid,
+                        checkpoint_step=checkpoint,
+                        timeout_s=inp.policy.verify_timeout_s,
+                    ),
+                    OBSERVE,
+                    "verify: look at the job",
+                    local=True,
+                )
+            except (ActivityError, ApplicationError) as err:
+                cause = err.cause if isinstance(err, ActivityError) else err
+                return await self._finish(
+                    Stage.FAILED, f"failed in verifying: {getattr(cause, 'message', cause)}"
+                )
+            if check.done:
+                return await self._finish(Stage.DONE, check.detail)
+            if check.failed:
+                return await self._finish(Stage.FAILED, f"failed in verifying: {check.detail}")
+            if workflow.now() >= deadline:
+                return await self._finish(
+                    Stage.FAILED,
+                    f"failed in verifying: job {job_id} not running on healthy nodes after "
+                    f"{timeout.total_seconds():.0f}s ({check.detail})",
+                )
 
     async def _failed(self, err: ActivityError) -> RecoveryStatus:
         cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]

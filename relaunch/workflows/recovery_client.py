@@ -10,6 +10,7 @@ to the recovery they mean (:func:`resolve`).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -28,6 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from relaunch.models import search_attributes as sa
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
+from relaunch.models.node_decision import NodeDecisionStatus, parse_node_decision_id
 from relaunch.models.recovery import (
     Approval,
     Decision,
@@ -186,10 +188,20 @@ async def decide(
     awaits no decision (another stage, or already decided) refuses it, and nothing is sent
     in its place: the RelaunchError says why."""
     inp = DecisionInput(decision=Decision(decision), approval=approval)
+    if parse_node_decision_id(incident) is not None:
+        return await _decide_node(client, incident, inp)
     try:
         incident = await resolve(client, incident, awaiting=True)
         handle = await _handle(client, incident)
-        return await handle.execute_update(RecoveryWorkflow.decide, inp)
+        decided = await handle.execute_update(RecoveryWorkflow.decide, inp)
+        if decided.node_decision and decided.covers is not None:
+            # The decision went to the job's node decision: say how many jobs it covers now.
+            with contextlib.suppress(RPCError, WorkflowQueryFailedError):
+                node = await client.get_workflow_handle(decided.node_decision).query(
+                    "status", result_type=NodeDecisionStatus
+                )
+                decided = decided.model_copy(update={"covers": len(node.covers)})
+        return decided
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         why = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
@@ -199,6 +211,32 @@ async def decide(
             why = await _ended(client, incident, exc)
             raise RelaunchError(f"incident {incident}: {why}") from exc
         raise RelaunchError(f"incident {incident}: {exc.message}") from exc
+
+
+async def _decide_node(client: Client, decision_id: str, inp: DecisionInput) -> RecoveryStatus:
+    """A person's decision on a node decision (it covers every job that joined it), told as
+    a recovery's status: ``node_decision`` and ``covers`` say what it covers."""
+    try:
+        node = await client.get_workflow_handle(decision_id).execute_update(
+            "decide", inp, result_type=NodeDecisionStatus
+        )
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        why = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
+        raise RelaunchError(f"node decision {decision_id}: {why}") from exc
+    except RPCError as exc:
+        raise RelaunchError(f"node decision {decision_id}: {exc.message}") from exc
+    return RecoveryStatus(
+        incident_id=node.decision_id,
+        stage=node.stage,
+        mode=node.mode,
+        awaiting_approval=node.awaiting_approval,
+        decided_by=node.decided_by,
+        outcome=node.outcome,
+        node_decisions={node.node: node.decision_id},
+        node_decision=node.decision_id,
+        covers=len(node.covers),
+    )
 
 
 async def _ended(client: Client, incident: str, exc: RPCError) -> str:

@@ -32,12 +32,17 @@ from tests.integration.sshd import Sshd, sshd  # noqa: F401 - the session's real
 
 # Autonomous, so that a drain would really happen; a guard of one node, so that a regression
 # drains at most one healthy node of the four.
+# Each recovery plans its own drain here, so that every row's verdict and plan are the job's
+# own to check: what a hostile job's output can make of a plan. Node decisions are joined only
+# on the same trusted convictions (tests/unit/test_node_decision.py), and the burst benchmark's
+# trust variant runs this tier's question at rack scale.
 DEFAULT_POLICY = Policy(
     mode=Mode.AUTONOMOUS,
     drain_share=0.25,
     drain_cap=1,
     verify_timeout_s=20,
     approval_timeout_s=900,
+    node_decisions=False,
 )
 
 

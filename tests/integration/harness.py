@@ -162,6 +162,8 @@ class Harness:
                 last = await self.handle(incident).query(RecoveryWorkflow.status)
                 if last.stage in stages:
                     return last
+                if Stage.AWAITING_APPROVAL in stages and last.awaiting_approval:
+                    return last  # its node decision awaits the approval (it covers the job)
                 if last.stage in TERMINAL_STAGES:
                     raise AssertionError(
                         f"{incident} ended in {last.stage}: {last.outcome}; verdict "

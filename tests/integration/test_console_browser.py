@@ -85,7 +85,8 @@ def console_for(h: Harness) -> tuple[str, dict[str, str]]:
 async def test_a_monitor_mode_recovery_live_in_the_browser(
     make_harness: MakeHarness, browser: Browser
 ) -> None:
-    h = make_harness(Policy(mode=Mode.MONITOR, verify_timeout_s=120))
+    # A recovery that plans its own drain: its page holds the recommendation and the buttons.
+    h = make_harness(Policy(mode=Mode.MONITOR, verify_timeout_s=120, node_decisions=False))
     base, tokens = console_for(h)
     h.start("worker")
     h.start("watch")

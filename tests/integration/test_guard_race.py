@@ -72,7 +72,11 @@ async def test_recoveries_at_once_drain_at_most_the_guards_limit(
     """Four jobs, each on its own node, each node with a real Xid 79 in its kernel log, and a
     guard limit of 2 nodes. Monitor mode: the four plans wait for approval, then all four are
     approved at once. Autonomous mode: the four are planned and act at once."""
-    h = make_harness(Policy(mode=mode, drain_cap=2, drain_share=1.0, verify_timeout_s=60))
+    # Recoveries that plan their own drains race for the guard here (node decisions race
+    # through the same isolate step and lock: tests/unit/test_node_decision.py).
+    h = make_harness(
+        Policy(mode=mode, drain_cap=2, drain_share=1.0, verify_timeout_s=60, node_decisions=False)
+    )
     h.start("worker")
     h.start("watch")
     nodes = sorted(n.name for n in await h.sched.list_nodes())

@@ -142,7 +142,8 @@ async def test_a_recovery_waits_out_a_postgres_outage_and_notifies_once(
     notifier_store: AuditStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    h = make_harness(Policy(mode=Mode.MONITOR, verify_timeout_s=120))
+    # A recovery that plans its own drain (its own recommendation is what is notified).
+    h = make_harness(Policy(mode=Mode.MONITOR, verify_timeout_s=120, node_decisions=False))
     hook = Hook()
     with serve(hook.app(), "/") as base:
         monkeypatch.setenv("T_OUTAGE_HOOK", f"{base}/hook")
@@ -337,7 +338,8 @@ async def test_a_restart_with_no_audit_row_still_counts_toward_the_budget(
 ) -> None:
     """A requeue the trail never recorded (its row lost with the database, or Slurm's own):
     Slurm's restart count still spends the job's restart budget."""
-    h = make_harness(Policy(mode=Mode.AUTONOMOUS, restart_budget=1))
+    # The job's own plan reads the budget (a node decision's batch reads it the same way).
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS, restart_budget=1, node_decisions=False))
     h.start("worker")
     job_id, _, _ = await start_training(h)
     await h.sched.requeue_job(job_id)
@@ -377,12 +379,16 @@ async def test_a_job_gone_from_slurm_ends_the_recovery_at_no_action(
             f"job {inp.job_id} not found", type="JobNotFoundError", non_retryable=True
         )
 
+    @activity.defn(name="investigate")  # gather_evidence's first step, as recoveries call it
+    async def investigate(inp: GatherInput) -> EvidenceSummary:
+        return await gather_evidence(inp)
+
     det = _detection("gone", "9", datetime.now(UTC))
     async with Worker(
         temporal_client,
         task_queue=queue,
         workflows=[RecoveryWorkflow],
-        activities=[record_detection, record_event, gather_evidence],
+        activities=[record_detection, record_event, gather_evidence, investigate],
     ):
         handle = await temporal_client.start_workflow(
             RecoveryWorkflow.run,

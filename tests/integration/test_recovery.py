@@ -70,19 +70,30 @@ async def test_autonomous_node_failure_recovers_on_healthy_nodes(make_harness: M
     assert status.verdict is not None and status.verdict.culprit_nodes == [culprit]
     assert status.verdict.category.value in {"gpu_hardware", "node_failure"}
 
+    # The node's decision drained it (once, whatever other jobs it took down) and requeued
+    # the job; the job's recovery joined it and verified the restart.
+    decision = status.node_decision
+    assert decision == f"relaunch-{h.config.name}-node-{culprit}-1"
+    assert status.node_decisions == {culprit: decision}
     node = await h.sched.get_node(culprit)
-    assert node.drain_flag and incident in node.reason
+    assert node.drain_flag and decision in node.reason
     job = await h.sched.get_job(job_id)
     assert job.state is JobState.RUNNING and culprit not in job.nodes
+    assert job.restart_count == 1
     resumed = await h.wait_log(job_id, r"resumed from checkpoint step=(\d+)")
     assert int(resumed.group(1)) >= last_ckpt
 
     kinds = [e.kind for e in await h.events(incident)]
-    for kind in ("detection", "evidence", "verdict", "plan", "action", "verify", "stage"):
+    for kind in ("detection", "evidence", "verdict", "node_decision", "action", "verify", "stage"):
         assert kind in kinds
+    restarts = await actions(h, incident, "restart")
+    assert [(r["changed"], r["node_decision"]) for r in restarts] == [(True, decision)]
     stages = [e.stage for e in await h.events(incident, "stage")]
     assert stages[0] == "gathering" and stages[-1] == "done"
-    await save_history(h, incident, "autonomous_node_failure")
+    drains = await actions(h, decision, "drain")
+    assert [(d["target"], d["changed"]) for d in drains] == [(culprit, True)]
+    await save_history(h, incident, "autonomous_node_failure_joined")
+    await save_history(h, decision, "node_decision_autonomous")
 
     # What an operator reads afterwards.
     cfg = ["--config", str(h.config_path)]
@@ -93,10 +104,13 @@ async def test_autonomous_node_failure_recovers_on_healthy_nodes(make_harness: M
         check=True,
     )
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert [(r["id"], r["stage"], r["nodes"]) for r in rows] == [(incident, "done", [culprit])]
+    assert {(r["id"], r["nodes"][0]) for r in rows} == {(incident, culprit), (decision, culprit)}
+    # The decision stays open a while for late joiners of the same failure.
+    assert {r["id"]: r["stage"] for r in rows} == {incident: "done", decision: "acting"}
     shown = subprocess.run(
         [*RELAUNCH, "show", incident, *cfg], capture_output=True, text=True, check=True
     ).stdout
+    assert f"node decision {decision}" in shown
     assert f"drain {culprit}: done" in shown and "verify" in shown
     assert f"/workflows/{incident}" in shown
     reputation = subprocess.run(
@@ -118,7 +132,9 @@ async def test_monitor_waits_then_approval_by_temporal_cli_recovers(
     h.inject_xid(culprit)  # a GPU fault on a live node: the job keeps running meanwhile
     incident = h.incident(job_id)
     status = await h.wait_stage(incident, {Stage.AWAITING_APPROVAL}, timeout=60)
-    assert status.plan is not None and status.plan.drain_nodes == [culprit]
+    # The node's decision awaits the approval; the job's recovery waits for it.
+    decision = status.node_decision
+    assert decision is not None and status.awaiting_approval and status.covers == 1
     listed = subprocess.run(
         [
             str(temporal_binary()),
@@ -127,7 +143,7 @@ async def test_monitor_waits_then_approval_by_temporal_cli_recovers(
             "--address",
             stack.temporal_address,
             "--query",
-            f'RelaunchAwaitingApproval=true AND RelaunchJobId="{job_id}"',
+            f'RelaunchAwaitingApproval=true AND RelaunchNodes="{culprit}"',
             "-o",
             "json",
         ],
@@ -135,7 +151,7 @@ async def test_monitor_waits_then_approval_by_temporal_cli_recovers(
         text=True,
         check=True,
     )
-    assert incident in listed.stdout
+    assert decision in listed.stdout
     assert not (await h.sched.get_node(culprit)).drain_flag  # nothing happened yet
 
     subprocess.run(
@@ -159,9 +175,12 @@ async def test_monitor_waits_then_approval_by_temporal_cli_recovers(
     assert (await h.sched.get_node(culprit)).drain_flag
     job = await h.sched.get_job(job_id)
     assert culprit not in job.nodes and job.restart_count == 1
-    approvals = await h.events(incident, "approval")
+    # The approval sent to the job's recovery went to its node decision, which it covers.
+    approvals = await h.events(decision, "approval")
     assert [a.actor for a in approvals] == ["ana"]
-    await save_history(h, incident, "monitor_approved")
+    assert approvals[0].data["covers"] == [incident]
+    await save_history(h, incident, "monitor_approved_joined")
+    await save_history(h, decision, "node_decision_monitor_approved")
 
 
 async def test_monitor_rejection_and_expiry_take_no_action(make_harness: MakeHarness) -> None:
@@ -203,9 +222,13 @@ async def test_monitor_rejection_and_expiry_take_no_action(make_harness: MakeHar
     )
     assert rejected.returncode == 0, rejected.stderr
     assert (await h2.handle(incident2).result()).stage is Stage.REJECTED
-    rows = await h2.events(incident2, "rejection")
+    # Rejecting the job's recovery rejected its node decision (which it covers).
+    decision2 = (await h2.handle(incident2).query(RecoveryWorkflow.status)).node_decision
+    assert decision2 is not None
+    rows = await h2.events(decision2, "rejection")
     assert rows and rows[0].actor == "bob" and "known flaky sensor" in rows[0].summary
-    assert not await actions(h2, incident2, "drain")
+    assert not await actions(h2, decision2, "drain")
+    assert not (await h2.sched.get_node(nodes2[0])).drain_flag
     assert (await h2.sched.get_job(job2)).restart_count == 0
 
 
@@ -239,9 +262,12 @@ async def test_worker_killed_mid_recovery_completes_exactly_once(make_harness: M
     h.start("worker")
     result = await h.handle(incident).result()
     assert result.stage is Stage.DONE, result.outcome
-    drains = [a for a in await actions(h, incident, "drain") if a["changed"]]
+    # The node decision drained the node once; the job was requeued once, by its batch.
+    assert result.node_decision is not None
+    drains = [a for a in await actions(h, result.node_decision, "drain") if a["changed"]]
     restarts = [a for a in await actions(h, incident, "restart") if a["changed"]]
     assert len(drains) == 1 and len(restarts) == 1
+    assert restarts[0]["node_decision"] == result.node_decision
     assert (await h.sched.get_job(job_id)).restart_count == 1
 
 
@@ -302,7 +328,10 @@ async def _seed(h: Harness, incident: str, job_id: str, step: str, node: str | N
 
 
 async def test_blast_radius_guard_refuses_and_says_so(make_harness: MakeHarness) -> None:
-    h = make_harness(Policy(mode=Mode.AUTONOMOUS, drain_share=0.10, drain_cap=4))
+    # The guard as a recovery's own plan meets it (a node decision's: test_node_decision.py).
+    h = make_harness(
+        Policy(mode=Mode.AUTONOMOUS, drain_share=0.10, drain_cap=4, node_decisions=False)
+    )
     h.start("worker")
     h.start("watch")
     job_id, nodes, _ = await start_training(h)
@@ -328,7 +357,15 @@ async def test_an_operator_overrides_a_refused_guard_and_it_is_audited(
 ) -> None:
     """Monitor mode asks a human even when the guard refuses (the recommendation says so);
     approving it is an override: the node is drained past the guard, and the audit says who."""
-    h = make_harness(Policy(mode=Mode.MONITOR, drain_share=0.10, drain_cap=4, verify_timeout_s=120))
+    h = make_harness(
+        Policy(
+            mode=Mode.MONITOR,
+            drain_share=0.10,
+            drain_cap=4,
+            verify_timeout_s=120,
+            node_decisions=False,  # the override of a recovery's own plan
+        )
+    )
     h.start("worker")
     h.start("watch")
     job_id, nodes, _ = await start_training(h)
@@ -368,10 +405,12 @@ async def test_exhausted_restart_budget_holds(make_harness: MakeHarness) -> None
     h.inject_xid(nodes[1])
     incident = h.incident(job_id)
     status = await h.wait_stage(incident, {Stage.HELD}, timeout=90)
+    # The node's decision drained it; its batch found the job's budget spent and left the job
+    # to its recovery, which held it.
     guards = await h.events(incident, "guard")
     assert any("restart_budget: REFUSED" in g.summary for g in guards)
     assert (await h.sched.get_job(job_id)).restart_count == 0
-    assert status.plan is not None and status.plan.action.value == "hold"
+    assert status.node_decision is not None and "restart_budget" in status.outcome
 
 
 async def test_a_job_cancelled_while_awaiting_approval_is_not_restarted(

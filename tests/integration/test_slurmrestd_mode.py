@@ -198,12 +198,14 @@ async def test_end_to_end_recovery_through_slurmrestd_with_jwt(
     status = await h.wait_stage(incident, {Stage.DONE}, timeout=180)
     assert status.verdict is not None and status.verdict.culprit_nodes == [culprit]
     node = await h.sched.get_node(culprit)  # the harness's own reads are the CLI's
-    assert node.drain_flag and incident in node.reason
+    # Drained by the node's decision, which the job's recovery joined.
+    assert status.node_decision is not None
+    assert node.drain_flag and status.node_decision in node.reason
     job = await h.sched.get_job(job_id)
     assert job.state is JobState.RUNNING and culprit not in job.nodes
     await h.wait_log(job_id, r"resumed from checkpoint step=(\d+)")
     kinds = [e.kind for e in await h.events(incident)]
-    for kind in ("detection", "evidence", "verdict", "plan", "action", "verify"):
+    for kind in ("detection", "evidence", "verdict", "node_decision", "action", "verify"):
         assert kind in kinds
 
     # What slurmrestd itself routed: the watcher's polls (the job list every 0.5 s for well

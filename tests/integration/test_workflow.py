@@ -14,6 +14,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
+from relaunch.models.node_decision import Investigation, Joined
 from relaunch.models.recovery import (
     ActInput,
     Action,
@@ -34,6 +35,7 @@ from relaunch.models.recovery import (
     Stage,
     StepOutcome,
     Verdict,
+    VerifyCheck,
     VerifyInput,
 )
 from relaunch.workflows.recovery import RecoveryWorkflow
@@ -118,6 +120,20 @@ class Fakes:
             self.calls.append("verify")
             return StepOutcome(ok=True, detail="RUNNING on n1,n3")
 
+        @activity.defn(name="verify_check")
+        async def verify_check(inp: VerifyInput) -> VerifyCheck:
+            self.calls.append("verify")
+            return VerifyCheck(done=True, detail="RUNNING on n1,n3")
+
+        @activity.defn(name="investigate")
+        async def investigate(inp: GatherInput) -> Investigation:
+            evidence = await gather_evidence(inp)
+            verdict = await attribute(
+                AttributeInput(incident_id=inp.incident_id, bundle_path=evidence.bundle_path)
+            )
+            # These recoveries plan their own (tests/unit/test_node_decision.py joins decisions).
+            return Investigation(evidence=evidence, verdict=verdict, joined=Joined())
+
         return [
             record_detection,
             record_event,
@@ -128,6 +144,8 @@ class Fakes:
             step("restart"),
             step("hold"),
             verify,
+            verify_check,
+            investigate,
         ]
 
 

@@ -1,4 +1,5 @@
-"""Committed workflow histories replay against today's RecoveryWorkflow. A change to the
+"""Committed workflow histories replay against today's RecoveryWorkflow and
+NodeDecisionWorkflow. A change to the
 workflow's command sequence that is not behind `workflow.patched(...)` fails here.
 
 Re-record with `RELAUNCH_RECORD_HISTORIES=1 make test` after an intended, versioned change."""
@@ -12,6 +13,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from relaunch.workers.worker import WORKFLOW_RUNNER
+from relaunch.workflows.node_decision import NodeDecisionWorkflow
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 HISTORIES = sorted((Path(__file__).resolve().parents[1] / "histories").glob("*.json"))
@@ -27,9 +30,18 @@ def test_histories_are_committed() -> None:
     # mode or overridden by an operator in monitor mode, and a drain refused at drain time.
     guarded = {"autonomous_guard_held", "monitor_override_approved", "monitor_refused_at_drain"}
     assert guarded <= names
+    # Recorded with node decisions (tests/unit/test_node_decision.py): job recoveries that
+    # joined one (autonomous, and approved through a job in monitor mode), a decision that
+    # requeued 24 jobs in batches, and one held by its guard.
+    joined = {"node_decision_joined_autonomous", "node_decision_joined_monitor"}
+    assert {*joined, "node_decision_requeued", "node_decision_guard_held"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_replay(path: Path) -> None:
-    replayer = Replayer(workflows=[RecoveryWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[RecoveryWorkflow, NodeDecisionWorkflow],
+        workflow_runner=WORKFLOW_RUNNER,  # the workers' own
+        data_converter=pydantic_data_converter,
+    )
     await replayer.replay_workflow(WorkflowHistory.from_json(path.stem, path.read_text()))

@@ -25,6 +25,7 @@ from temporalio.worker import Replayer, Worker
 from relaunch.cli import cli
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
+from relaunch.models.node_decision import Investigation, Joined
 from relaunch.models.recovery import (
     ActInput,
     Action,
@@ -49,6 +50,7 @@ from relaunch.models.recovery import (
     Stage,
     StepOutcome,
     Verdict,
+    VerifyCheck,
     VerifyInput,
     recovery_workflow_id,
 )
@@ -141,6 +143,19 @@ class Fakes:
     async def verify(self, inp: VerifyInput) -> StepOutcome:
         return StepOutcome(ok=True, detail="running on healthy nodes")
 
+    @activity.defn(name="verify_check")
+    async def verify_check(self, inp: VerifyInput) -> VerifyCheck:
+        return VerifyCheck(done=True, detail="running on healthy nodes")
+
+    @activity.defn(name="investigate")
+    async def investigate(self, inp: GatherInput) -> Investigation:
+        evidence = await self.gather_evidence(inp)
+        verdict = await self.attribute(
+            AttributeInput(incident_id=inp.incident_id, bundle_path=evidence.bundle_path)
+        )
+        # The fake verdicts convict no node on trusted evidence: each recovery plans its own.
+        return Investigation(evidence=evidence, verdict=verdict, joined=Joined())
+
 
 @dataclass
 class Rig:
@@ -175,6 +190,8 @@ async def rig() -> AsyncIterator[Rig]:
         fakes.restart,
         fakes.hold,
         fakes.verify,
+        fakes.verify_check,
+        fakes.investigate,
     ]
     try:
         async with Worker(
@@ -374,7 +391,9 @@ async def test_io_steps_are_activities_and_the_stage_attribute_follows(rig: Rig)
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
-    assert scheduled == ["gather_evidence", "plan"]  # the quick steps stay local
+    # Evidence, attribution and the node decisions joined are one activity (`investigate`);
+    # the quick steps stay local.
+    assert scheduled == ["investigate", "plan"]
     assert (await handle.describe()).typed_search_attributes.get(SA_STAGE) == "no_action"
 
 

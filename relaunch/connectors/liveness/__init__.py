@@ -37,7 +37,8 @@ counts it as an error and leaves every node's state untouched.
 The package, one concern a module: ``targets`` (what a round probes and finds, the ``Prober``
 protocol), ``packets`` (the SYN on the wire), ``syn`` (``SynProber``), ``connect``
 (``ConnectProber``), ``remote`` (``RemoteProber`` and its script) and ``monitor``
-(``LivenessMonitor``). Import from the package itself: it names everything public.
+(``LivenessMonitor``), ``shared`` (``SharedProber``: one probe of a node for the recoveries
+that ask at once). Import from the package itself: it names everything public.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from relaunch.connectors.liveness.packets import (
     tcp_checksum,
 )
 from relaunch.connectors.liveness.remote import RemoteProber, Runner, remote_script
+from relaunch.connectors.liveness.shared import SharedProber
 from relaunch.connectors.liveness.syn import SynProber
 from relaunch.connectors.liveness.targets import (
     MAX_TARGETS,
@@ -82,6 +84,7 @@ __all__ = [
     "Prober",
     "RemoteProber",
     "Runner",
+    "SharedProber",
     "SynProber",
     "classify",
     "make_prober",

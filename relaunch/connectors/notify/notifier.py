@@ -46,6 +46,7 @@ from relaunch.connectors.notify.render import (
     VerdictInfo,
 )
 from relaunch.models.errors import RelaunchError
+from relaunch.models.node_decision import parse_node_decision_id
 from relaunch.models.notify import ChannelSettings, NotifyEvent, NotifySettings
 from relaunch.models.recovery import AuditRecord
 
@@ -324,7 +325,16 @@ class Notifier:
             plan=PlanInfo.model_validate(plan.data) if plan else None,
             refusals=refusals,
             link=f"{base.rstrip('/')}/incidents/{row.incident_id}" if base else row.incident_id,
+            subject=await self._subject(row.incident_id, str(incident["job_id"])),
         )
+
+    async def _subject(self, incident_id: str, job_id: str) -> str:
+        """`job 12`; for a node decision, its node and the jobs one decision covers."""
+        node = parse_node_decision_id(incident_id)
+        if node is None:
+            return f"job {job_id}"
+        covers = len(await self.store.covered_by(incident_id))
+        return f"node {node[1]} (covers {covers} job{'' if covers == 1 else 's'})"
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

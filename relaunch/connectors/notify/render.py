@@ -57,6 +57,15 @@ class NotificationContext(BaseModel):
     plan: PlanInfo | None = None
     refusals: list[str] = Field(default_factory=list, description="guards that refused, why")
     link: str = Field(description="the incident in the console (or its id, without a URL)")
+    subject: str = Field(
+        default="",
+        description="what the incident is about: `job 12`, or for a node decision `node n2 "
+        "(covers 3 jobs)`",
+    )
+
+    def model_post_init(self, _: object) -> None:
+        if not self.subject:
+            self.subject = f"job {self.job_id}"
 
 
 def environment() -> Environment:
@@ -128,7 +137,7 @@ def pagerduty_body(
             "source": ctx.cluster,
             "severity": PAGERDUTY_SEVERITY[ctx.event],
             "timestamp": ctx.at.isoformat(),
-            "component": f"job {ctx.job_id}",
+            "component": ctx.subject,
             "group": ctx.cluster,
             "class": ctx.verdict.category if ctx.verdict else ctx.event.value,
             "custom_details": {"text": text, "stage": ctx.stage},

@@ -1,0 +1,435 @@
+"""Activities of node decisions: join one, plan a node's drain, requeue its jobs in batches,
+and the short checks a restarted job is verified by.
+
+A node decision (relaunch/workflows/node_decision.py) decides once for every job a failed node
+took down: the guard and the drain are the node's, the restarts go to Slurm a batch at a time.
+Each job's own recovery joins the decision, waits for it, and verifies its job with short
+checks between durable timers, holding no activity slot while the job comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from relaunch.activities.actions import _resumed_progress, drain_check
+from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
+from relaunch.activities.evidence import EvidenceActivities
+from relaunch.connectors.joboutput import FileAccess
+from relaunch.detection.planning import node_decision_nodes
+from relaunch.models.errors import JobNotFoundError, SchedulerError
+from relaunch.models.node_decision import (
+    BatchResult,
+    Investigation,
+    JobOutcome,
+    Joined,
+    JoinInput,
+    JoinRequest,
+    NodeDecisionInput,
+    NodePlan,
+    NodePlanInput,
+    RequeueBatchInput,
+    RequeueBatchResult,
+    node_decision_id,
+    node_task_queue,
+)
+from relaunch.models.recovery import (
+    AttributeInput,
+    AuditRecord,
+    GatherInput,
+    GuardDecision,
+    Policy,
+    VerifyCheck,
+    VerifyInput,
+)
+from relaunch.models.scheduler import ActionResult, JobState
+
+# The workflow type of relaunch/workflows/node_decision.py, named rather than imported:
+# activities do not depend on workflows.
+NODE_DECISION_WORKFLOW = "NodeDecisionWorkflow"
+_RESTARTS = re.compile(r"\brestarts=(\d+)")
+# How many decisions of one node a join looks past (closed ones: the node failed before).
+MAX_DECISIONS_PER_NODE = 10_000
+
+
+class NodeActivities:
+    def __init__(self, deps: Deps, evidence: EvidenceActivities | None = None) -> None:
+        self.deps = deps
+        # investigate's first two steps (tests hand in their own)
+        self.evidence = evidence or EvidenceActivities(deps)
+        # node → the decision number last joined in this process: the next join starts there
+        # instead of trying every closed decision of the node from the first.
+        self._latest: dict[tuple[str, str], int] = {}
+
+    # ------------------------------------------------------------------ investigate
+
+    @activity.defn(name="investigate")
+    @typed_errors
+    @keeps_heartbeating
+    async def investigate(self, inp: GatherInput) -> Investigation:
+        """gather_evidence, attribute and join_node_decisions in one activity: a recovery's
+        way to its node decision takes no workflow task of its own. When a rack fails, the
+        workflow tasks of hundreds of recoveries queue up; the first recovery to convict a node
+        reaches its decision (and the drain) without waiting behind them."""
+        evidence = await self.evidence.gather_evidence(inp)
+        verdict = await self.evidence.attribute(
+            AttributeInput(incident_id=inp.incident_id, bundle_path=evidence.bundle_path)
+        )
+        joined = await self.join_node_decisions(
+            JoinInput(
+                incident_id=inp.incident_id,
+                cluster=inp.cluster,
+                verdict=verdict,
+                evidence=evidence,
+                policy=inp.policy or self.deps.config.policy,
+            )
+        )
+        return Investigation(evidence=evidence, verdict=verdict, joined=joined)
+
+    # ------------------------------------------------------------------ join
+
+    @activity.defn(name="join_node_decisions")
+    @typed_errors
+    async def join_node_decisions(self, inp: JoinInput) -> Joined:
+        """Join (signal-with-start) the running decision of each node in ``inp.nodes``, starting
+        the node's next decision where none runs, and record the link in the job's incident."""
+        nodes = node_decision_nodes(inp.verdict, inp.evidence, inp.policy)
+        if not nodes:
+            return Joined()
+        client = self.deps.temporal
+        if client is None:
+            raise SchedulerError("this worker has no Temporal client to join node decisions")
+        job, verdict = inp.evidence.job, inp.verdict
+        base = JoinRequest(
+            recovery_id=inp.incident_id,
+            job_id=job.job_id,
+            partition=job.partition,
+            expected_restart_count=job.restart_count,
+            max_restarts=job.max_restarts,
+            category=verdict.category,
+            confidence=verdict.confidence,
+            summary=verdict.summary[:500],
+            exclude_nodes=sorted(set(verdict.culprit_nodes) & set(job.nodes)),
+            requeue_by=nodes[0],
+            mode=inp.policy.mode_for(job.partition, verdict.category),
+        )
+        joined: dict[str, str] = {}
+        for node in nodes:
+            request = base.model_copy(
+                update={
+                    "unreachable": node in inp.evidence.unreachable_nodes,
+                    "remedy": verdict.remedies.get(node),
+                }
+            )
+            joined[node] = await self._join_one(inp.cluster, node, request, inp.policy)
+        ids = ", ".join(f"{n}: {d}" for n, d in joined.items())
+        await self.deps.audit_row(
+            inp.incident_id,
+            "node_decision",
+            f"joined the node decision of {ids}; {joined[nodes[0]]} requeues job {job.job_id}",
+            dedupe="node_decision",
+            nodes=list(joined),
+            data={"decisions": joined, "requeue_by": joined[nodes[0]]},
+        )
+        return Joined(decisions=joined, requeue_by=joined[nodes[0]])
+
+    async def _join_one(self, cluster: str, node: str, request: JoinRequest, policy: Policy) -> str:
+        client = self.deps.temporal
+        assert client is not None
+        key = (cluster, node)
+        n = self._latest.get(key, 1)
+        for _ in range(MAX_DECISIONS_PER_NODE):
+            decision = node_decision_id(cluster, node, n)
+            try:
+                await client.start_workflow(
+                    NODE_DECISION_WORKFLOW,
+                    NodeDecisionInput(cluster=cluster, node=node, n=n, policy=policy),
+                    id=decision,
+                    task_queue=node_task_queue(cluster),
+                    start_signal="join",
+                    start_signal_args=[request],
+                    # A decision that ended is never joined or started again: the node's next
+                    # failure is the next decision.
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                )
+            except WorkflowAlreadyStartedError:
+                n += 1
+                continue
+            self._latest[key] = n
+            return decision
+        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} decisions")
+
+    # ------------------------------------------------------------------ plan
+
+    @activity.defn(name="plan_node")
+    @typed_errors
+    async def plan_node(self, inp: NodePlanInput) -> NodePlan:
+        """The node's drain under the blast-radius guard, on a fresh read of the nodes."""
+        policy, first = inp.policy, inp.first
+        info = await self.deps.audit.incident_info(inp.decision_id)
+        if info is None:
+            n = int(inp.decision_id.rsplit("-", 1)[1])
+            await self.deps.audit.ensure_incident(inp.decision_id, inp.cluster, "", n)
+        since = datetime.now(UTC) - timedelta(hours=policy.drain_window_hours)
+        # Read without the cluster's drain lock: the plan is what a person approves, and
+        # `isolate` re-checks the guard under the lock on fresh state before it drains. The
+        # decisions of a rack's nodes then wait for each other only while they drain.
+        nodes, drained = await asyncio.gather(
+            self.deps.scheduler.list_nodes(), self.deps.audit.drained_nodes(inp.cluster, since)
+        )
+        check = drain_check(
+            policy, nodes, drained, [inp.node], partition=first.partition, since=since
+        )
+        node = next((n for n in nodes if n.name == inp.node), None)
+        out = node is not None and node.drain_flag
+        reasons = [
+            f"{first.category.value} on {inp.node}, convicted by trusted evidence in "
+            f"{first.recovery_id} (job {first.job_id}): {first.summary}"[:500]
+        ]
+        guards: list[GuardDecision] = []
+        needs_override = False
+        if node is not None and node.drain_flag:
+            reasons.append(f"{inp.node} is already out of service ({node.display_state})")
+        else:
+            guards.append(check.decision)
+            if not check.decision.allowed:
+                needs_override = True
+                reasons.append(
+                    "blast-radius guard refused the drain: it runs only on an operator's override"
+                )
+        if first.remedy:
+            reasons.append(f"remedy by the Xid catalogue: {inp.node} {first.remedy}")
+        plan = NodePlan(
+            decision_id=inp.decision_id,
+            node=inp.node,
+            mode=first.mode,
+            drain=not out,
+            fence=first.unreachable and not out,
+            guards=guards,
+            needs_override=needs_override,
+            reasons=reasons,
+            remedy=first.remedy,
+            job_id=first.job_id,
+        )
+        await self.deps.audit_row(
+            inp.decision_id,
+            "plan",
+            f"{'drain ' + inp.node if plan.drain else 'nothing to drain'} ({plan.mode.value}), "
+            f"then requeue its jobs: {'; '.join(reasons)}",
+            dedupe="plan",
+            nodes=[inp.node],
+            # The plan row's usual shape (action, drain_nodes, …: what the console and the
+            # notifications read), with the node plan and the first job that convicted it.
+            data={
+                **plan.isolation().model_dump(mode="json"),
+                "node_plan": plan.model_dump(mode="json"),
+                "first": first.model_dump(mode="json"),
+            },
+        )
+        for guard in guards:
+            await self.deps.audit_row(
+                inp.decision_id,
+                "guard",
+                f"{guard.guard}: {'allowed' if guard.allowed else 'REFUSED'} — {guard.detail}",
+                dedupe=f"guard:{guard.guard}",
+                data=guard.model_dump(mode="json"),
+            )
+        return plan
+
+    # ------------------------------------------------------------------ requeue
+
+    @activity.defn(name="requeue_batch")
+    @typed_errors
+    @keeps_heartbeating
+    async def requeue_batch(self, inp: RequeueBatchInput) -> RequeueBatchResult:
+        """Requeue a batch of the decision's jobs with one `scontrol requeue` (verified with
+        one listing), each within its restart budget; one audit row in each job's incident."""
+        policy = inp.policy
+        started = time.monotonic()
+        beat(f"batch {inp.batch}: {len(inp.jobs)} jobs")
+        since = datetime.now(UTC) - timedelta(hours=policy.budget_window_hours)
+        counts = await self.deps.audit.restarts_by_job(
+            inp.cluster, [j.job_id for j in inp.jobs], since
+        )
+        results: dict[str, BatchResult] = {}
+        rows: list[tuple[AuditRecord, str | None]] = []
+        go: dict[str, int] = {}
+        cancelled = await self._cancelled(inp)
+        for job in inp.jobs:
+            if job.job_id in cancelled:
+                # Someone cancelled the job after its recovery began (while the decision
+                # awaited approval, say): a requeue would undo their decision.
+                results[job.recovery_id] = BatchResult(
+                    recovery_id=job.recovery_id,
+                    job_id=job.job_id,
+                    outcome=JobOutcome.CANCELLED,
+                    detail=f"job {job.job_id} was cancelled after this recovery began; "
+                    "it is not restarted",
+                )
+                continue
+            ever, recent = counts[job.job_id]
+            used = max(0, job.expected_restart_count - ever) + recent
+            budget = policy.restart_budget
+            if job.max_restarts is not None:
+                budget = min(budget, job.max_restarts)
+            if used >= budget:
+                detail = (
+                    f"restart_budget: {used} of {budget} restarts used in "
+                    f"{policy.budget_window_hours:g} h"
+                )
+                results[job.recovery_id] = BatchResult(
+                    recovery_id=job.recovery_id,
+                    job_id=job.job_id,
+                    outcome=JobOutcome.HOLD,
+                    detail=detail,
+                )
+                rows.append(
+                    (
+                        self._row(
+                            job.recovery_id,
+                            "guard",
+                            f"restart_budget: REFUSED — {detail}",
+                            {"guard": "restart_budget", "allowed": False, "detail": detail},
+                        ),
+                        f"{job.recovery_id}:guard:restart_budget",
+                    )
+                )
+            else:
+                go[job.job_id] = job.expected_restart_count
+        done = await self.deps.scheduler.requeue_jobs(go) if go else {}
+        took = time.monotonic() - started
+        for job in inp.jobs:
+            if job.job_id not in done:
+                continue
+            result = done[job.job_id]
+            if _requeued_before(result, job.expected_restart_count):
+                # Requeued once since the decision saw it, and no row says so: an earlier
+                # attempt of this batch that died before recording it (a worker killed
+                # mid-batch). The trail, and the restart budget that reads it, count it.
+                result = result.model_copy(
+                    update={"changed": True, "note": "requeued by an earlier attempt of this step"}
+                )
+            ok = result.changed or result.note in {"already requeued", "already pending"}
+            results[job.recovery_id] = BatchResult(
+                recovery_id=job.recovery_id,
+                job_id=job.job_id,
+                outcome=JobOutcome.REQUEUED if ok else JobOutcome.FAILED,
+                changed=result.changed,
+                detail=(result.note or "requeued")
+                + f" by node decision {inp.decision_id} (batch {inp.batch})",
+            )
+            verb = "done" if result.changed else "unchanged"
+            verb += f" ({result.note})" if result.note else ""
+            rows.append(
+                (
+                    self._row(
+                        job.recovery_id,
+                        "action",
+                        f"{result.action} {result.target}: {verb} "
+                        f"(node decision {inp.decision_id}, batch {inp.batch})",
+                        {
+                            "step": "restart",
+                            **result.model_dump(mode="json"),
+                            "node_decision": inp.decision_id,
+                            "batch": inp.batch,
+                        },
+                    ),
+                    f"{job.recovery_id}:action:restart:{result.action}:{result.target}",
+                )
+            )
+        requeued = sum(1 for r in results.values() if r.changed)
+        rows.append(
+            (
+                self._row(
+                    inp.decision_id,
+                    "requeue_batch",
+                    f"batch {inp.batch}: {requeued} of {len(inp.jobs)} jobs requeued "
+                    f"in {took:.1f} s",
+                    {
+                        "batch": inp.batch,
+                        "jobs": [j.job_id for j in inp.jobs],
+                        "outcomes": {r.job_id: r.outcome.value for r in results.values()},
+                        "took_s": round(took, 3),
+                    },
+                ),
+                f"{inp.decision_id}:requeue_batch:{inp.batch}",
+            )
+        )
+        await self.deps.audit.record_many(rows)
+        return RequeueBatchResult(results=list(results.values()))
+
+    async def _cancelled(self, inp: RequeueBatchInput) -> set[str]:
+        """The batch's jobs Slurm lists CANCELLED (one shared listing for all of them)."""
+        sched = self.deps.scheduler
+
+        async def state(job_id: str) -> JobState | None:
+            try:
+                return (await sched.get_job_brief(job_id)).state
+            except JobNotFoundError:
+                return None
+
+        states = await asyncio.gather(*(state(j.job_id) for j in inp.jobs))
+        return {j.job_id for j, s in zip(inp.jobs, states, strict=True) if s is JobState.CANCELLED}
+
+    def _row(
+        self, incident_id: str, kind: str, summary: str, data: dict[str, object]
+    ) -> AuditRecord:
+        return AuditRecord(
+            incident_id=incident_id,
+            kind=kind,
+            at=datetime.now(UTC),
+            summary=summary,
+            data=data,
+        )
+
+    # ------------------------------------------------------------------ verify
+
+    @activity.defn(name="verify_check")
+    @typed_errors
+    async def verify_check(self, inp: VerifyInput) -> VerifyCheck:
+        """One look at a restarted job: RUNNING on healthy nodes and, where it prints
+        progress, past its checkpoint. The workflow waits on a durable timer between looks."""
+        job = await self.deps.scheduler.get_job_brief(inp.job_id)
+        bad = set(job.nodes) & set(inp.avoid_nodes)
+        seen = f"{job.state.value} on {','.join(job.nodes) or '-'}"
+        if job.state.is_terminal:
+            return VerifyCheck(failed=True, detail=f"job {job.job_id} ended ({job.state.value})")
+        if job.state is not JobState.RUNNING or bad:
+            return VerifyCheck(detail=f"{seen} {job.reason}".strip())
+        detail = f"RUNNING on {','.join(job.nodes)}"
+        if inp.checkpoint_step is not None and job.stdout_path:
+            access = await asyncio.to_thread(FileAccess.for_job, job, self.deps.config.job_output)
+            pattern = self.deps.config.watch.progress_pattern
+            found = await asyncio.to_thread(
+                _resumed_progress, Path(job.stdout_path), access, pattern
+            )
+            if found is None or found.step < inp.checkpoint_step:
+                return VerifyCheck(detail=f"{detail}; waiting for progress past the checkpoint")
+            detail += (
+                f"; resumed from checkpoint step {found.step} (last saved before the fault: "
+                f"{inp.checkpoint_step}), now at step {found.latest} ({found.framework})"
+            )
+        await self.deps.audit_row(
+            inp.incident_id,
+            "verify",
+            detail,
+            dedupe="verify",
+            nodes=job.nodes,
+            data={"job_id": job.job_id, "nodes": job.nodes},
+        )
+        return VerifyCheck(done=True, detail=detail)
+
+
+def _requeued_before(result: ActionResult, expected: int) -> bool:
+    """Whether the batch found the job requeued exactly once past what its recovery saw (the
+    adapter's ``after`` text says ``restarts=N``)."""
+    if result.changed or result.note != "already requeued":
+        return False
+    seen = _RESTARTS.search(result.after)
+    return seen is not None and int(seen[1]) == expected + 1

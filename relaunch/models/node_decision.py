@@ -1,0 +1,247 @@
+"""Contracts of the node decision: one durable workflow per failed node and failure.
+
+When a switch, a PDU or a rack goes, hundreds of jobs are interrupted at once and their
+recoveries blame the same few nodes. The first recovery that convicts a node (trusted evidence:
+the node's kernel log, telemetry, Slurm's state, Relaunch's probes) starts the node's decision,
+``relaunch-<cluster>-node-<node>-<n>``; the others join it. The decision owns the node's drain
+(planned once, under the blast-radius guard, approved once in monitor mode) and requeues the
+jobs that joined it in batches; each job's own recovery waits for its outcome and verifies its
+job. See docs/architecture.md ("Node decisions").
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from relaunch.models.recovery import (
+    STRICT,
+    Action,
+    ActionPlan,
+    Category,
+    EvidenceSummary,
+    GuardDecision,
+    Mode,
+    Policy,
+    Stage,
+    Verdict,
+)
+
+_NODE_DECISION = re.compile(r"relaunch-(?P<cluster>.+)-node-(?P<node>.+)-(?P<n>[0-9]+)")
+
+
+def node_decision_id(cluster: str, node: str, n: int) -> str:
+    """The id of a node's ``n``-th decision: ``relaunch-<cluster>-node-<node>-<n>``."""
+    return f"relaunch-{cluster}-node-{node}-{n}"
+
+
+def node_task_queue(cluster: str) -> str:
+    """The task queue of a cluster's node decisions and their activities: the workers poll it
+    beside the cluster's own, so that a decision is never queued behind the hundreds of job
+    recoveries whose failure it decides."""
+    return f"relaunch-{cluster}-nodes"
+
+
+def parse_node_decision_id(workflow_id: str) -> tuple[str, str, int] | None:
+    """(cluster, node, n) of a node decision's id; None when ``workflow_id`` is not one."""
+    m = _NODE_DECISION.fullmatch(workflow_id)
+    return (m["cluster"], m["node"], int(m["n"])) if m else None
+
+
+class JoinRequest(BaseModel):
+    """A job recovery joining a node's decision (the `join` signal): what the decision needs to
+    requeue the job on the recovery's behalf."""
+
+    model_config = STRICT
+
+    recovery_id: str = Field(description="the job recovery's workflow id (its incident id)")
+    job_id: str
+    partition: str = ""
+    expected_restart_count: int = Field(description="the job's restart count at its evidence")
+    max_restarts: int | None = None
+    category: Category
+    confidence: float = 0.0
+    summary: str = ""
+    exclude_nodes: list[str] = Field(
+        default_factory=list, description="every node the job's verdict blames (excluded)"
+    )
+    requeue_by: str = Field(
+        description="the node whose decision requeues the job: one per job, though a job that "
+        "blames several nodes joins each of their decisions"
+    )
+    unreachable: bool = Field(
+        default=False, description="the recovery's own probes found the node's slurmd silent"
+    )
+    remedy: str | None = Field(default=None, description="the Xid catalogue's rung, if any")
+    mode: Mode = Field(description="the job's own mode (its partition's and category's)")
+
+
+class NodeDecisionInput(BaseModel):
+    """Input of NodeDecisionWorkflow: the node, and the first recovery that convicted it."""
+
+    model_config = STRICT
+
+    cluster: str
+    node: str
+    n: int
+    policy: Policy = Field(default_factory=Policy)
+
+
+class JobOutcome(StrEnum):
+    """What a node decision did for one job that joined it."""
+
+    REQUEUED = "requeued"  # requeued by the decision's batch (or found requeued already)
+    ISOLATED = "isolated"  # the node is out; another node's decision requeues the job
+    HOLD = "hold"  # the job's own recovery holds it (budget spent, drain refused)
+    CANCELLED = "cancelled"  # cancelled by someone after its recovery began: not restarted
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+class NodeUpdate(BaseModel):
+    """The `node_update` signal a node decision sends the job recoveries that joined it."""
+
+    model_config = STRICT
+
+    decision_id: str
+    node: str
+    stage: Stage
+    awaiting_approval: bool = False
+    covers: int = Field(default=0, description="job recoveries the decision covers so far")
+    outcome: JobOutcome | None = Field(default=None, description="set once the job's turn came")
+    detail: str = ""
+    changed: bool = False
+
+
+class NodePlan(BaseModel):
+    """What a node decision will do once allowed."""
+
+    decision_id: str
+    node: str
+    mode: Mode
+    drain: bool = Field(description="false when the node is already out of service")
+    fence: bool = False
+    guards: list[GuardDecision] = Field(default_factory=list)
+    needs_override: bool = False
+    reasons: list[str] = Field(default_factory=list)
+    remedy: str | None = None
+    job_id: str = Field(description="the first job's: the guard counts its partition")
+
+    def isolation(self) -> ActionPlan:
+        """This plan as the `isolate` activity takes it (guard re-check, drain, fence)."""
+        return ActionPlan(
+            request_id=f"{self.decision_id}/plan",
+            action=Action.ISOLATE_AND_RESTART,
+            mode=self.mode,
+            drain_nodes=[self.node] if self.drain else [],
+            fence_nodes=[self.node] if self.fence else [],
+            job_id=self.job_id,
+            expected_restart_count=0,
+            guards=self.guards,
+            reasons=self.reasons,
+            needs_override=self.needs_override,
+            remedies={self.node: self.remedy} if self.remedy else {},
+        )
+
+
+class NodePlanInput(BaseModel):
+    model_config = STRICT
+
+    decision_id: str
+    cluster: str
+    node: str
+    first: JoinRequest
+    policy: Policy
+
+
+class NodeActInput(BaseModel):
+    model_config = STRICT
+
+    decision_id: str
+    cluster: str
+    plan: NodePlan
+
+
+class BatchJob(BaseModel):
+    """One job of a requeue batch."""
+
+    model_config = STRICT
+
+    recovery_id: str
+    job_id: str
+    expected_restart_count: int
+    max_restarts: int | None = None
+    exclude_nodes: list[str] = Field(default_factory=list)
+
+
+class RequeueBatchInput(BaseModel):
+    model_config = STRICT
+
+    decision_id: str
+    cluster: str
+    node: str
+    batch: int = Field(description="the batch's number in this decision (1, 2, ...)")
+    jobs: list[BatchJob]
+    policy: Policy
+
+
+class BatchResult(BaseModel):
+    """What the batch did for one job."""
+
+    recovery_id: str
+    job_id: str
+    outcome: JobOutcome
+    changed: bool = False
+    detail: str = ""
+
+
+class RequeueBatchResult(BaseModel):
+    results: list[BatchResult]
+
+
+class JoinInput(BaseModel):
+    """Input of `join_node_decisions`: a job recovery's verdict, to join its culprits'
+    decisions where the verdict convicts them (see ``planning.node_decision_nodes``)."""
+
+    model_config = STRICT
+
+    incident_id: str
+    cluster: str
+    verdict: Verdict
+    evidence: EvidenceSummary
+    policy: Policy
+
+
+class Investigation(BaseModel):
+    """What `investigate` found: the evidence, the verdict, and the node decisions joined."""
+
+    evidence: EvidenceSummary
+    verdict: Verdict
+    joined: Joined
+
+
+class Joined(BaseModel):
+    """The node decisions a job recovery joined (node → decision id); none: plan alone."""
+
+    decisions: dict[str, str] = Field(default_factory=dict)
+    requeue_by: str = Field(default="", description="the decision that requeues the job")
+
+
+class NodeDecisionStatus(BaseModel):
+    """Answer of a node decision's `status` query."""
+
+    decision_id: str
+    node: str
+    stage: Stage
+    mode: Mode | None = None
+    plan: NodePlan | None = None
+    awaiting_approval: bool = False
+    approval_deadline: datetime | None = None
+    decided_by: str | None = None
+    covers: list[str] = Field(default_factory=list, description="the job recoveries that joined")
+    requeued: int = 0
+    outcome: str = ""

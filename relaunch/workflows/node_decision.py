@@ -1,0 +1,492 @@
+"""NodeDecisionWorkflow: one durable decision per failed node and failure.
+
+The first job recovery that convicts a node on trusted evidence starts the node's decision
+(``relaunch-<cluster>-node-<node>-<n>``, signal-with-start by the `join_node_decisions`
+activity); every other recovery that blames the node joins it. The decision plans the node's
+drain once (blast-radius guard), waits for one approval in monitor mode (it covers every job
+that joined), drains (and fences) the node once, then requeues the jobs that joined in batches
+(one `scontrol requeue` a batch) and tells each job's recovery its outcome (signal
+`node_update`); each recovery then verifies its own job. It stays open for a while after the
+last join, so that late detections of the same failure join it rather than start another.
+Orchestration only: every decision and side effect is an activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from relaunch.activities.actions import ActionActivities
+    from relaunch.activities.evidence import EvidenceActivities
+    from relaunch.activities.node import NodeActivities
+    from relaunch.models.node_decision import (
+        BatchJob,
+        JobOutcome,
+        JoinRequest,
+        NodeDecisionInput,
+        NodeDecisionStatus,
+        NodePlan,
+        NodePlanInput,
+        NodeUpdate,
+        RequeueBatchInput,
+    )
+    from relaunch.models.recovery import (
+        ActInput,
+        Approval,
+        Decision,
+        DecisionInput,
+        Mode,
+        RecordEventInput,
+        Stage,
+    )
+    from relaunch.workflows.recovery import (
+        ACT,
+        INVESTIGATE,
+        PAST,
+        RECORD,
+        SA_AWAITING,
+        SA_CLUSTER,
+        SA_MODE,
+        SA_NODES,
+        SA_STAGE,
+        CallPolicy,
+        NotAwaitingApprovalError,
+        call,
+    )
+
+# How long a decision stays open after its last join: later detections of the same failure
+# (a job whose recovery was slow to start, a straggler's hang) join it instead of starting the
+# node's next decision.
+JOIN_WINDOW = timedelta(minutes=10)
+# At most this many jobs in one `scontrol requeue` batch; the rest go in the next.
+BATCH_MAX = 200
+# Signals to the joined recoveries, sent at once in groups of this many.
+SIGNAL_GROUP = 100
+REQUEUE = CallPolicy(
+    timedelta(seconds=180),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=2),
+        maximum_interval=timedelta(seconds=20),
+        maximum_attempts=5,
+        non_retryable_error_types=["InvalidNameError"],
+    ),
+    heartbeat=timedelta(seconds=15),
+)
+
+
+@workflow.defn
+class NodeDecisionWorkflow:
+    def __init__(self) -> None:
+        self._id = ""
+        self._input: NodeDecisionInput | None = None
+        self._stage = Stage.PLANNING
+        self._plan: NodePlan | None = None
+        # Joined and not yet given an outcome; joined and not yet told anything.
+        self._pending: list[JoinRequest] = []
+        self._unannounced: list[JoinRequest] = []
+        self._joined: dict[str, JoinRequest] = {}
+        self._decision: tuple[Decision, Approval] | None = None
+        self._deadline: datetime | None = None
+        self._requeued = 0
+        self._batches = 0
+        self._outcome = ""
+        # Once the decision is made: what every job that joins gets (None: requeue it).
+        self._final: tuple[JobOutcome, str] | None = None
+
+    # ------------------------------------------------------------------ messages
+
+    @workflow.signal
+    def join(self, request: JoinRequest) -> None:
+        """A job recovery that blames this node (signal-with-start by `join_node_decisions`)."""
+        if request.recovery_id in self._joined:
+            return  # a retried join: already counted
+        self._joined[request.recovery_id] = request
+        self._pending.append(request)
+        self._unannounced.append(request)
+
+    @workflow.signal
+    async def approve(self, approval: Approval) -> None:
+        """Approve the node's plan (the Temporal UI's way; `relaunch approve` uses `decide`)."""
+        self._signalled(Decision.APPROVE, approval)
+
+    @workflow.signal
+    async def reject(self, approval: Approval) -> None:
+        """Reject the node's plan (see ``approve``)."""
+        self._signalled(Decision.REJECT, approval)
+
+    @workflow.update
+    def decide(self, inp: DecisionInput) -> NodeDecisionStatus:
+        """A person's decision on the node's plan, covering every job that joined."""
+        self._decision = (inp.decision, inp.approval)
+        return self.status()
+
+    @decide.validator
+    def _decide_allowed(self, inp: DecisionInput) -> None:
+        why = self._not_awaiting()
+        if why is not None:
+            raise NotAwaitingApprovalError(f"{inp.decision.value} refused: {why}")
+
+    @workflow.query
+    def status(self) -> NodeDecisionStatus:
+        awaiting = self._stage is Stage.AWAITING_APPROVAL
+        inp = self._input
+        return NodeDecisionStatus(
+            decision_id=self._id,
+            node=inp.node if inp else "",
+            stage=self._stage,
+            mode=self._plan.mode if self._plan else None,
+            plan=self._plan,
+            awaiting_approval=awaiting,
+            approval_deadline=self._deadline if awaiting else None,
+            decided_by=self._decision[1].by if self._decision else None,
+            covers=list(self._joined),
+            requeued=self._requeued,
+            outcome=self._outcome,
+        )
+
+    def _not_awaiting(self) -> str | None:
+        if self._decision is not None:
+            decision, by = self._decision
+            return f"already {PAST[decision]} by {by.by}"
+        if self._stage is not Stage.AWAITING_APPROVAL:
+            return f"not awaiting approval (stage {self._stage.value})"
+        return None
+
+    def _signalled(self, decision: Decision, approval: Approval) -> None:
+        why = self._not_awaiting()
+        if why is None:
+            self._decision = (decision, approval)
+        else:
+            workflow.logger.warning("ignored %s by %s: %s", decision.value, approval.by, why)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _record(
+        self,
+        kind: str,
+        summary: str,
+        *,
+        stage: str | None = None,
+        actor: str = "relaunch",
+        dedupe: str | None = None,
+        data: dict[str, object] | None = None,
+    ) -> None:
+        inp = self._input
+        assert inp is not None
+        await call(
+            EvidenceActivities.record_event,
+            RecordEventInput(
+                incident_id=self._id,
+                cluster=inp.cluster,
+                job_id="",
+                attempt=inp.n,
+                kind=kind,
+                summary=summary,
+                stage=stage,
+                actor=actor,
+                nodes=[inp.node],
+                data=data or {},
+                dedupe=dedupe,
+            ),
+            RECORD,
+            f"audit: {kind}",
+            local=True,
+        )
+
+    async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:
+        self._stage = stage
+        workflow.upsert_search_attributes(
+            [
+                SA_STAGE.value_set(stage.value),
+                SA_AWAITING.value_set(stage is Stage.AWAITING_APPROVAL),
+            ]
+        )
+        await self._record(
+            "stage", summary, stage=stage.value, dedupe=f"stage:{stage.value}", data=data
+        )
+
+    async def _tell(self, requests: list[JoinRequest], update: NodeUpdate) -> None:
+        """Send ``update`` to the recoveries of ``requests``."""
+        await self._send([(r.recovery_id, update) for r in requests])
+
+    async def _send(self, updates: list[tuple[str, NodeUpdate]]) -> None:
+        """Send each recovery its update, a group at a time (the signals of a group go out
+        together, in one workflow task)."""
+        for start in range(0, len(updates), SIGNAL_GROUP):
+            group = updates[start : start + SIGNAL_GROUP]
+            await asyncio.gather(*(self._signal_one(rid, update) for rid, update in group))
+
+    async def _signal_one(self, recovery_id: str, update: NodeUpdate) -> None:
+        try:
+            await workflow.get_external_workflow_handle(recovery_id).signal("node_update", update)
+        except Exception as exc:  # a recovery that ended (or was terminated) meanwhile
+            workflow.logger.warning("could not tell %s: %s", recovery_id, exc)
+
+    def _update(self, outcome: JobOutcome | None = None, detail: str = "") -> NodeUpdate:
+        inp = self._input
+        assert inp is not None
+        return NodeUpdate(
+            decision_id=self._id,
+            node=inp.node,
+            stage=self._stage,
+            awaiting_approval=self._stage is Stage.AWAITING_APPROVAL,
+            covers=len(self._joined),
+            outcome=outcome,
+            detail=detail,
+        )
+
+    def _take_pending(self) -> list[JoinRequest]:
+        taken, self._pending = self._pending, []
+        self._unannounced = []
+        return taken
+
+    # ------------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: NodeDecisionInput) -> NodeDecisionStatus:
+        self._input = inp
+        self._id = workflow.info().workflow_id
+        workflow.upsert_search_attributes(
+            [SA_CLUSTER.value_set(inp.cluster), SA_NODES.value_set([inp.node])]
+        )
+        await workflow.wait_condition(lambda: bool(self._pending))
+        first = self._pending[0]
+        await self._stage_to(
+            Stage.PLANNING,
+            f"node decision for {inp.node}: convicted by {first.recovery_id} "
+            f"({first.category.value})",
+        )
+        plan = await call(
+            NodeActivities.plan_node,
+            NodePlanInput(
+                decision_id=self._id,
+                cluster=inp.cluster,
+                node=inp.node,
+                first=first,
+                policy=inp.policy,
+            ),
+            INVESTIGATE,
+            f"plan the decision for {inp.node}",
+        )
+        self._plan = plan
+        workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
+        self._final = await self._decide(plan)
+        if self._final is None:
+            self._final = await self._isolate(plan)
+        if self._final is None:
+            await self._stage_to(Stage.ACTING, f"requeueing the jobs of {inp.node} in batches")
+        else:  # every job that joins, now or later, is told the same
+            await self._stage_to(self._final_stage(), self._final[1])
+        await self._serve_joins()
+        return await self._finish()
+
+    async def _decide(self, plan: NodePlan) -> tuple[JobOutcome, str] | None:
+        """The guard and, in monitor mode, a person: None to go ahead, else every job's fate."""
+        inp = self._input
+        assert inp is not None
+        refused = "; ".join(f"{g.guard}: {g.detail}" for g in plan.guards if not g.allowed)
+        if plan.needs_override and plan.mode is Mode.AUTONOMOUS:
+            return JobOutcome.HOLD, f"guard refused draining {inp.node} ({refused})"
+        if plan.mode is not Mode.MONITOR:
+            return None
+        recommend = f"recommend draining {inp.node} and requeueing its jobs: " + "; ".join(
+            plan.reasons
+        )
+        if plan.needs_override:
+            recommend = f"guard refused ({refused}), approving overrides it: {recommend}"
+        await self._stage_to(
+            Stage.AWAITING_APPROVAL,
+            recommend,
+            request_id=f"{self._id}/plan",
+            **({"override": True} if plan.needs_override else {}),
+        )
+        timeout = timedelta(seconds=inp.policy.approval_timeout_s)
+        self._deadline = workflow.now() + timeout
+        try:
+            while self._decision is None:
+                # Jobs that join while the decision waits hear that it waits (and for whom).
+                announce, self._unannounced = self._unannounced, []
+                await self._tell(announce, self._update())
+                remaining = self._deadline - workflow.now()
+                await workflow.wait_condition(
+                    lambda: self._decision is not None or bool(self._unannounced),
+                    timeout=max(remaining, timedelta(seconds=1)),
+                    timeout_summary="approval expiry",
+                )
+        except TimeoutError:
+            return JobOutcome.EXPIRED, (
+                f"no decision on draining {inp.node} within "
+                f"{inp.policy.approval_timeout_s:g}s: no action"
+            )
+        decision, by = self._decision
+        overrides = plan.needs_override and decision is Decision.APPROVE
+        await self._record(
+            "approval" if decision is Decision.APPROVE else "rejection",
+            ("override approved" if overrides else PAST[decision])
+            + f" by {by.by}"
+            + (f": {by.reason}" if by.reason else "")
+            + f" (covers {len(self._joined)} jobs)"
+            + (f" (overrides {refused})" if overrides else ""),
+            actor=by.by,
+            dedupe="decision",
+            data={
+                "decision": decision.value,
+                "by": by.by,
+                "reason": by.reason,
+                "request_id": f"{self._id}/plan",
+                "covers": list(self._joined),
+                **(
+                    {"override": True, "guards": [g.guard for g in plan.guards if not g.allowed]}
+                    if overrides
+                    else {}
+                ),
+            },
+        )
+        if decision is Decision.REJECT:
+            return JobOutcome.REJECTED, f"draining {inp.node} rejected by {by.by}"
+        return None
+
+    async def _isolate(self, plan: NodePlan) -> tuple[JobOutcome, str] | None:
+        """Drain (and fence) the node once; a refusal at drain time holds every job."""
+        inp = self._input
+        assert inp is not None
+        if not plan.drain and not plan.fence:
+            return None
+        await self._stage_to(Stage.ISOLATING, f"isolating {inp.node}")
+        try:
+            isolated = await call(
+                ActionActivities.isolate,
+                ActInput(incident_id=self._id, cluster=inp.cluster, plan=plan.isolation()),
+                ACT,
+                f"isolate {inp.node}",
+            )
+        except ActivityError as err:
+            return JobOutcome.FAILED, f"isolating {inp.node} failed: {err}"
+        if not isolated.ok:
+            return JobOutcome.HOLD, isolated.detail
+        return None
+
+    async def _serve_joins(self) -> None:
+        """Requeue (or tell the fate of) every job that joined, batch by batch, until no job
+        has joined for JOIN_WINDOW."""
+        inp = self._input
+        assert inp is not None
+        while True:
+            if not self._pending:
+                try:
+                    await workflow.wait_condition(
+                        lambda: bool(self._pending),
+                        timeout=JOIN_WINDOW,
+                        timeout_summary="join window",
+                    )
+                except TimeoutError:
+                    if not self._pending:
+                        return
+            taken = self._take_pending()
+            if self._final is not None:
+                outcome, detail = self._final
+                await self._tell(taken, self._update(outcome, detail))
+                continue
+            mine = [r for r in taken if self._requeues(r)]
+            others = [r for r in taken if not self._requeues(r)]
+            if others:
+                await self._tell(
+                    others,
+                    self._update(
+                        JobOutcome.ISOLATED,
+                        f"{inp.node} isolated by {self._id}; the job's own recovery goes on",
+                    ),
+                )
+            for start in range(0, len(mine), BATCH_MAX):
+                await self._requeue(mine[start : start + BATCH_MAX])
+
+    def _requeues(self, request: JoinRequest) -> bool:
+        """Whether this decision requeues the job: it names this node to, and either a person
+        approved the decision or the job's own policy is autonomous (a job in monitor mode is
+        never restarted without someone's approval)."""
+        inp = self._input
+        assert inp is not None
+        if request.requeue_by != inp.node:
+            return False
+        return self._decision is not None or request.mode is Mode.AUTONOMOUS
+
+    async def _requeue(self, batch: list[JoinRequest]) -> None:
+        inp = self._input
+        assert inp is not None
+        self._batches += 1
+        try:
+            result = await call(
+                NodeActivities.requeue_batch,
+                RequeueBatchInput(
+                    decision_id=self._id,
+                    cluster=inp.cluster,
+                    node=inp.node,
+                    batch=self._batches,
+                    jobs=[
+                        BatchJob(
+                            recovery_id=r.recovery_id,
+                            job_id=r.job_id,
+                            expected_restart_count=r.expected_restart_count,
+                            max_restarts=r.max_restarts,
+                            exclude_nodes=r.exclude_nodes,
+                        )
+                        for r in batch
+                    ],
+                    policy=inp.policy,
+                ),
+                REQUEUE,
+                f"requeue {len(batch)} jobs (batch {self._batches})",
+            )
+        except ActivityError as err:
+            # Each job's own recovery restarts it instead (idempotently: a requeue that did
+            # happen is found done).
+            await self._tell(
+                batch, self._update(JobOutcome.FAILED, f"batch {self._batches} failed: {err}")
+            )
+            return
+        self._requeued += sum(1 for r in result.results if r.outcome is JobOutcome.REQUEUED)
+        await self._send(
+            [
+                (
+                    done.recovery_id,
+                    self._update(done.outcome, done.detail).model_copy(
+                        update={"changed": done.changed}
+                    ),
+                )
+                for done in result.results
+            ]
+        )
+
+    def _final_stage(self) -> Stage:
+        assert self._final is not None
+        return {
+            JobOutcome.HOLD: Stage.HELD,
+            JobOutcome.REJECTED: Stage.REJECTED,
+            JobOutcome.EXPIRED: Stage.EXPIRED,
+        }.get(self._final[0], Stage.FAILED)
+
+    async def _finish(self) -> NodeDecisionStatus:
+        inp = self._input
+        assert inp is not None
+        if self._final is None:
+            stage = Stage.DONE
+            self._outcome = (
+                f"{inp.node} isolated; {self._requeued} of {len(self._joined)} jobs requeued "
+                f"in {self._batches} batches"
+            )
+        else:
+            stage = self._final_stage()
+            self._outcome = f"{self._final[1]} ({len(self._joined)} jobs)"
+        await self._stage_to(stage, self._outcome)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        # Joined while the decision closed: their own recoveries go on without it.
+        await self._tell(
+            self._take_pending(),
+            self._update(JobOutcome.FAILED, f"{self._id} closed before the job's turn"),
+        )
+        return self.status()

@@ -1,0 +1,513 @@
+"""Node decisions on a Temporal dev server: the real RecoveryWorkflow and NodeDecisionWorkflow,
+the real node and action activities over an in-memory cluster (tests/support/fake_scheduler.py)
+and audit trail; only evidence and attribution are canned (every job's verdict convicts its
+node on its kernel log). What an operator would notice: a node drained once however many jobs
+it took down, the jobs requeued in batches, one approval for all of them, a refused guard
+holding every job, and histories that replay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Replayer, Worker
+
+from relaunch.activities.actions import ActionActivities
+from relaunch.activities.deps import Deps
+from relaunch.activities.evidence import EvidenceActivities
+from relaunch.activities.node import NodeActivities
+from relaunch.connectors.audit import AuditStore, StoredEvent
+from relaunch.detection.planning import node_decision_nodes
+from relaunch.models.config import ClusterConfig
+from relaunch.models.node_decision import (
+    BatchJob,
+    JobOutcome,
+    NodeDecisionStatus,
+    RequeueBatchInput,
+    node_decision_id,
+    node_task_queue,
+)
+from relaunch.models.recovery import (
+    Action,
+    ActionPlan,
+    Approval,
+    AttributeInput,
+    AuditRecord,
+    Category,
+    EvidenceSummary,
+    GatherInput,
+    JobSnapshot,
+    Mode,
+    PlanInput,
+    Policy,
+    RecordDetectionInput,
+    RecordEventInput,
+    RecoveryInput,
+    RecoveryStatus,
+    RestartMethod,
+    Stage,
+    Verdict,
+    recovery_workflow_id,
+)
+from relaunch.models.scheduler import Job, JobState, Node, NodeState
+from relaunch.workers.worker import WORKFLOW_RUNNER
+from relaunch.workflows import recovery_client
+from relaunch.workflows.node_decision import NodeDecisionWorkflow
+from relaunch.workflows.recovery import (
+    SA_AWAITING,
+    SA_CATEGORY,
+    SA_CLUSTER,
+    SA_JOB,
+    SA_MODE,
+    SA_NODES,
+    SA_STAGE,
+    RecoveryWorkflow,
+)
+from tests.support.fake_scheduler import FakeScheduler
+from tests.unit.test_activities import MemoryAudit
+
+TEMPORAL = Path(sys.executable).parent / "temporal"
+HISTORIES = Path(__file__).resolve().parents[1] / "histories"
+NODES = [f"n{i}" for i in range(1, 21)]
+pytestmark = pytest.mark.skipif(
+    not TEMPORAL.is_file() and shutil.which("temporal") is None,
+    reason="no Temporal CLI (dev server) on this machine",
+)
+
+
+class Audit(MemoryAudit):
+    """MemoryAudit plus what node decisions use: incidents, batch rows, restart counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.incidents: dict[str, tuple[str, str, int]] = {}
+
+    async def ensure_incident(self, incident_id: str, cluster: str, job_id: str, n: int) -> None:
+        self.incidents.setdefault(incident_id, (cluster, job_id, n))
+
+    async def incident_info(self, incident_id: str) -> dict[str, Any] | None:
+        found = self.incidents.get(incident_id)
+        return (
+            None
+            if found is None
+            else dict(zip(("cluster", "job_id", "attempt"), found, strict=True))
+        )
+
+    async def record_many(self, rows: list[tuple[AuditRecord, str | None]]) -> int:
+        return sum([await self.record(r, dedupe_key=k) for r, k in rows])
+
+    async def restarts_by_job(
+        self, cluster: str, job_ids: list[str], since: datetime
+    ) -> dict[str, tuple[int, int]]:
+        return {j: (0, 0) for j in job_ids}
+
+    def of(self, incident: str, kind: str) -> list[StoredEvent]:
+        return [r for r in self.rows if r.incident_id == incident and r.kind == kind]
+
+
+@dataclass
+class Rig:
+    client: Client
+    queue: str
+    cluster: str
+    sched: FakeScheduler
+    audit: Audit
+
+
+class Evidence:
+    """The evidence steps, canned: each job's verdict convicts its first node on its kernel log
+    (Xid 79); the audit rows go to the in-memory trail."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+
+    @activity.defn(name="record_detection")
+    async def record_detection(self, inp: RecordDetectionInput) -> bool:
+        return True
+
+    @activity.defn(name="record_event")
+    async def record_event(self, inp: RecordEventInput) -> bool:
+        return await self.rig.audit.record(
+            AuditRecord(
+                incident_id=inp.incident_id,
+                kind=inp.kind,
+                at=datetime.now(UTC),
+                actor=inp.actor,
+                stage=inp.stage,
+                nodes=inp.nodes,
+                summary=inp.summary,
+                data=inp.data,
+            ),
+            dedupe_key=f"{inp.incident_id}:{inp.dedupe}" if inp.dedupe else None,
+        )
+
+    @activity.defn(name="gather_evidence")
+    async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
+        job = await self.rig.sched.get_job(inp.job_id)
+        snap = JobSnapshot(
+            job_id=job.job_id,
+            state=job.state.value,
+            partition=job.partition,
+            nodes=job.nodes,
+            restart_count=job.restart_count,
+        )
+        return EvidenceSummary(incident_id=inp.incident_id, bundle_path=inp.job_id, job=snap)
+
+    @activity.defn(name="attribute")
+    async def attribute(self, inp: AttributeInput) -> Verdict:
+        node = (await self.rig.sched.get_job(inp.bundle_path)).nodes[0]
+        return Verdict(
+            category=Category.GPU_HARDWARE,
+            culprit_nodes=[node],
+            confidence=0.95,
+            action=Action.ISOLATE_AND_RESTART,
+            summary=f"Xid 79 on {node}",
+            corroboration={node: ["kernel_log"]},
+            remedies={node: "reboot"},
+        )
+
+    @activity.defn(name="plan")
+    async def plan(self, inp: PlanInput) -> ActionPlan:
+        raise AssertionError("a recovery that joined a node decision plans nothing itself")
+
+
+async def run_scheduler(sched: FakeScheduler) -> None:
+    """Slurm's part: a requeued (pending, not held) job starts again on a healthy node."""
+    while True:
+        await asyncio.sleep(0.2)
+        for job in await sched.list_jobs():
+            if job.state is JobState.PENDING and not job.held:
+                sched.set_job(job.job_id, state=JobState.RUNNING, nodes=["n20"], reason="")
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=str(TEMPORAL) if TEMPORAL.is_file() else shutil.which("temporal"),
+        search_attributes=[
+            SA_CLUSTER,
+            SA_JOB,
+            SA_CATEGORY,
+            SA_STAGE,
+            SA_MODE,
+            SA_NODES,
+            SA_AWAITING,
+        ],
+    )
+    cluster = f"nd{uuid.uuid4().hex[:6]}"
+    sched = FakeScheduler(
+        nodes=[Node(name=n, state=NodeState.IDLE, partitions=["gpu"]) for n in NODES]
+    )
+    audit = Audit()
+    rig = Rig(env.client, f"relaunch-{cluster}", cluster, sched, audit)
+    config = ClusterConfig(name=cluster, database_url="postgresql://unused", bundle_dir="/tmp")
+    deps = Deps(config=config, scheduler=sched, audit=cast(AuditStore, audit), temporal=env.client)
+    evidence = Evidence(rig)
+    actions = ActionActivities(deps)
+    node = NodeActivities(deps, evidence=cast(EvidenceActivities, evidence))
+    slurm = asyncio.create_task(run_scheduler(sched))
+    try:
+        steps: list[Any] = [
+            evidence.record_detection,
+            evidence.record_event,
+            evidence.gather_evidence,
+            evidence.attribute,
+            evidence.plan,
+            actions.isolate,
+            actions.hold,
+            node.investigate,
+            node.join_node_decisions,
+            node.plan_node,
+            node.requeue_batch,
+            node.verify_check,
+        ]
+        workers = [
+            Worker(
+                env.client,
+                task_queue=queue,
+                workflows=[RecoveryWorkflow, NodeDecisionWorkflow],
+                workflow_runner=WORKFLOW_RUNNER,  # as relaunch worker runs them
+                activities=steps,
+            )
+            for queue in (rig.queue, node_task_queue(cluster))
+        ]
+        async with workers[0], workers[1]:
+            yield rig
+    finally:
+        slurm.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await slurm
+        await env.shutdown()
+
+
+def jobs_on(rig: Rig, node: str, count: int, first: int) -> list[str]:
+    ids = [str(first + i) for i in range(count)]
+    for job_id in ids:
+        rig.sched.jobs[job_id] = Job(
+            job_id=job_id,
+            user="alice",
+            partition="gpu",
+            state=JobState.RUNNING,
+            nodes=[node],
+            node_count=1,
+            requeue_allowed=True,
+        )
+    return ids
+
+
+async def start(
+    rig: Rig, job_ids: list[str], policy: Policy
+) -> list[WorkflowHandle[RecoveryWorkflow, RecoveryStatus]]:
+    return list(
+        await asyncio.gather(
+            *(
+                rig.client.start_workflow(
+                    RecoveryWorkflow.run,
+                    RecoveryInput(cluster=rig.cluster, job_id=j, attempt=0, policy=policy),
+                    id=recovery_workflow_id(rig.cluster, j, 0),
+                    task_queue=rig.queue,
+                )
+                for j in job_ids
+            )
+        )
+    )
+
+
+async def until_all(
+    handles: list[WorkflowHandle[RecoveryWorkflow, RecoveryStatus]],
+    ok: Any,
+    what: str,
+    timeout: float = 60,
+) -> list[RecoveryStatus]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        statuses = [await h.query(RecoveryWorkflow.status) for h in handles]
+        if all(ok(s) for s in statuses):
+            return statuses
+        if loop.time() > deadline:
+            raise AssertionError(f"never reached: {what} (e.g. {statuses[0]})")
+        await asyncio.sleep(0.2)
+
+
+def drains(rig: Rig, node: str) -> list[StoredEvent]:
+    return [
+        r
+        for r in rig.audit.kinds("action")
+        if r.data.get("step") == "drain" and r.data.get("target") == node and r.data["changed"]
+    ]
+
+
+async def replays(client: Client, workflow_id: str, keep_as: str | None = None) -> None:
+    """The history replays against today's workflows; kept for tests/unit/test_replay.py
+    with RELAUNCH_RECORD_HISTORIES=1."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    replayer = Replayer(
+        workflows=[RecoveryWorkflow, NodeDecisionWorkflow],
+        workflow_runner=WORKFLOW_RUNNER,
+        data_converter=pydantic_data_converter,
+    )
+    await replayer.replay_workflow(history)
+    if keep_as and os.environ.get("RELAUNCH_RECORD_HISTORIES") == "1":
+        (HISTORIES / f"{keep_as}.json").write_text(history.to_json())
+
+
+async def test_a_rack_of_jobs_one_drain_per_node_and_requeues_in_batches(rig: Rig) -> None:
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    on_n1, on_n2 = jobs_on(rig, "n1", 24, 100), jobs_on(rig, "n2", 6, 200)
+    handles = await start(rig, on_n1 + on_n2, policy)
+    done = await until_all(handles, lambda s: s.stage is Stage.DONE, "every recovery done")
+
+    d1, d2 = node_decision_id(rig.cluster, "n1", 1), node_decision_id(rig.cluster, "n2", 1)
+    assert {s.node_decision for s in done[:24]} == {d1}
+    assert {s.node_decision for s in done[24:]} == {d2}
+    # Each node drained once, by its decision, whatever number of jobs it took down.
+    assert [r.incident_id for r in drains(rig, "n1")] == [d1]
+    assert [r.incident_id for r in drains(rig, "n2")] == [d2]
+    assert sorted(rig.sched.drains) == ["n1", "n2"]
+    # Every job requeued exactly once, in a few bulk calls rather than one call a job.
+    assert sorted(rig.sched.requeues) == sorted(on_n1 + on_n2)
+    assert all(rig.sched.jobs[j].restart_count == 1 for j in on_n1 + on_n2)
+    assert rig.sched.calls_to("requeue_job") == []
+    assert 2 <= len(rig.sched.calls_to("requeue_jobs")) < 30
+    # Each job's trail links the decision and holds its restart; the decision's, its batches.
+    for s in done:
+        restart = [r for r in rig.audit.of(s.incident_id, "action")]
+        assert [(r.data["step"], r.data["node_decision"]) for r in restart] == [
+            ("restart", s.node_decision)
+        ]
+        assert rig.audit.of(s.incident_id, "node_decision")
+        assert rig.audit.of(s.incident_id, "verify")
+    batches = rig.audit.of(d1, "requeue_batch")
+    assert sum(len(cast(list[str], b.data["jobs"])) for b in batches) == 24
+    # The decision stays open for late joiners, and says what it covers.
+    node = await rig.client.get_workflow_handle(d1).query("status", result_type=NodeDecisionStatus)
+    assert node.stage is Stage.ACTING and len(node.covers) == 24 and node.requeued == 24
+    await replays(rig.client, handles[0].id, "node_decision_joined_autonomous")
+    await replays(rig.client, d1, "node_decision_requeued")
+
+
+async def test_monitor_one_approval_through_any_job_covers_every_job(rig: Rig) -> None:
+    policy = Policy(mode=Mode.MONITOR, drain_cap=10, drain_share=1.0)
+    ids = jobs_on(rig, "n3", 5, 300)
+    handles = await start(rig, ids, policy)
+    waiting = await until_all(handles, lambda s: s.awaiting_approval, "awaiting approval")
+    decision = node_decision_id(rig.cluster, "n3", 1)
+    assert {s.node_decision for s in waiting} == {decision}
+    assert {s.stage for s in waiting} == {Stage.ISOLATING}
+    assert not rig.sched.nodes["n3"].drain_flag and rig.sched.requeues == []
+    # One notification-worthy stage row: the decision's, not one per job.
+    awaiting_rows = [r for r in rig.audit.kinds("stage") if r.stage == "awaiting_approval"]
+    assert [r.incident_id for r in awaiting_rows] == [decision]
+
+    # Approving one job's recovery (as `relaunch approve` does) approves the node's decision.
+    decided = await recovery_client.decide(rig.client, handles[2].id, "approve", Approval(by="ana"))
+    assert decided.covers == 5 and decided.node_decision == decision
+    done = await until_all(handles, lambda s: s.stage is Stage.DONE, "every recovery done")
+    assert len(done) == 5 and rig.sched.nodes["n3"].drain_flag
+    assert sorted(rig.sched.requeues) == sorted(ids)
+    approvals = rig.audit.of(decision, "approval")
+    assert [(a.actor, len(cast(list[str], a.data["covers"]))) for a in approvals] == [("ana", 5)]
+    # A second approval, by the decision's own id, is refused: it was decided.
+    with pytest.raises(Exception, match="already approved by ana"):
+        await recovery_client.decide(rig.client, decision, "approve", Approval(by="bo"))
+    await replays(rig.client, handles[0].id, "node_decision_joined_monitor")
+
+
+async def test_a_refused_guard_holds_every_job_and_drains_nothing(rig: Rig) -> None:
+    # 20 nodes, 10 % → 2 may be out; n4 and n5 already are (Relaunch drained them earlier).
+    for n in ("n4", "n5"):
+        rig.sched.set_node(n, flags=["DRAIN"], reason=f"relaunch incident earlier-{n}")
+    policy = Policy(mode=Mode.AUTONOMOUS)
+    ids = jobs_on(rig, "n6", 3, 400)
+    handles = await start(rig, ids, policy)
+    held = await until_all(handles, lambda s: s.stage is Stage.HELD, "every job held")
+    assert all("guard refused draining n6" in s.outcome for s in held)
+    assert not rig.sched.nodes["n6"].drain_flag and rig.sched.requeues == []
+    # The jobs are still listed RUNNING (their node died under them): nothing to hold yet,
+    # each left for a human with the reason in its trail.
+    assert all("held for a human" in s.outcome for s in held)
+    decision = node_decision_id(rig.cluster, "n6", 1)
+    node = await rig.client.get_workflow_handle(decision).query(
+        "status", result_type=NodeDecisionStatus
+    )
+    assert node.stage is Stage.HELD  # and open for late joiners, who are held too
+    await rig.client.get_workflow_handle(decision).terminate("test over")
+    await replays(rig.client, decision, "node_decision_guard_held")
+
+
+async def test_a_closed_decision_is_not_joined_the_next_failure_starts_the_next(
+    rig: Rig,
+) -> None:
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    first = jobs_on(rig, "n7", 2, 500)
+    handles = await start(rig, first, policy)
+    await until_all(handles, lambda s: s.stage is Stage.DONE, "first failure recovered")
+    decision = node_decision_id(rig.cluster, "n7", 1)
+    await rig.client.get_workflow_handle(decision).terminate("the operator closed it")
+    again = jobs_on(rig, "n7", 1, 600)
+    rig.sched.set_node("n7", flags=[], reason="")  # resumed by the operator
+    [handle] = await start(rig, again, policy)
+    [status] = await until_all([handle], lambda s: s.stage is Stage.DONE, "second failure")
+    assert status.node_decision == node_decision_id(rig.cluster, "n7", 2)
+    assert len(drains(rig, "n7")) == 2
+
+
+async def test_a_batch_retried_after_its_worker_died_counts_each_requeue_once() -> None:
+    """The first attempt requeued job 701 and died before recording it; the retry finds it
+    requeued once past what its recovery saw and records that restart (once); job 702, which
+    it had not reached, it requeues now."""
+    sched = FakeScheduler(nodes=[Node(name="n1", state=NodeState.IDLE, partitions=["gpu"])])
+    audit = Audit()
+    config = ClusterConfig(name="dev", database_url="postgresql://unused", bundle_dir="/tmp")
+    deps = Deps(config=config, scheduler=sched, audit=cast(AuditStore, audit))
+    node = NodeActivities(deps)
+    for job_id, restarts, state in (("701", 1, JobState.PENDING), ("702", 0, JobState.RUNNING)):
+        sched.jobs[job_id] = Job(
+            job_id=job_id, state=state, nodes=["n1"], restart_count=restarts, requeue_allowed=True
+        )
+    batch = RequeueBatchInput(
+        decision_id="relaunch-dev-node-n1-1",
+        cluster="dev",
+        node="n1",
+        batch=1,
+        jobs=[
+            BatchJob(recovery_id=f"relaunch-dev-{j}-0", job_id=j, expected_restart_count=0)
+            for j in ("701", "702")
+        ],
+        policy=Policy(),
+    )
+    for _ in range(2):  # the retry, and a retry of the retry
+        result = await ActivityEnvironment().run(node.requeue_batch, batch)
+        assert {r.job_id: r.outcome for r in result.results} == {
+            "701": JobOutcome.REQUEUED,
+            "702": JobOutcome.REQUEUED,
+        }
+    assert sched.requeues == ["702"]
+    rows = [r for r in audit.kinds("action") if r.data["step"] == "restart"]
+    assert sorted((r.incident_id, r.data["changed"]) for r in rows) == [
+        ("relaunch-dev-701-0", True),
+        ("relaunch-dev-702-0", True),
+    ]
+    assert "earlier attempt" in next(r.summary for r in rows if "701" in r.incident_id)
+
+
+def _verdict(category: Category, corroboration: dict[str, list[str]]) -> Verdict:
+    return Verdict(
+        category=category,
+        culprit_nodes=sorted(corroboration),
+        action=Action.ISOLATE_AND_RESTART,
+        corroboration=corroboration,
+    )
+
+
+def _evidence(nodes: list[str]) -> EvidenceSummary:
+    return EvidenceSummary(
+        incident_id="i", bundle_path="b", job=JobSnapshot(job_id="1", nodes=nodes)
+    )
+
+
+@pytest.mark.parametrize(
+    ("category", "corroboration", "policy", "joined"),
+    [
+        # A node-level failure every culprit of which a trusted source confirms: join.
+        (Category.GPU_HARDWARE, {"n1": ["kernel_log"]}, Policy(), ["n1"]),
+        (Category.NODE_FAILURE, {"n1": ["probe"], "n2": ["slurm"]}, Policy(), ["n1", "n2"]),
+        # Named by the job's output alone (any culprit): never a node decision, never a drain.
+        (Category.GPU_HARDWARE, {"n1": []}, Policy(), []),
+        (Category.NETWORK, {"n1": ["kernel_log"], "n2": []}, Policy(), []),
+        # An application error blames no node, whatever its culprits' corroboration says.
+        (Category.APPLICATION, {"n1": ["kernel_log"]}, Policy(), []),
+        (Category.INFRASTRUCTURE, {"n1": ["kernel_log"]}, Policy(), []),
+        # Off by policy, or restarts by resubmission (a batch requeues): planned job by job.
+        (Category.GPU_HARDWARE, {"n1": ["kernel_log"]}, Policy(node_decisions=False), []),
+        (
+            Category.GPU_HARDWARE,
+            {"n1": ["kernel_log"]},
+            Policy(restart_method=RestartMethod.RESUBMIT),
+            [],
+        ),
+        # A culprit the job did not run on.
+        (Category.GPU_HARDWARE, {"n9": ["kernel_log"]}, Policy(), []),
+    ],
+)
+def test_only_trusted_convictions_join_node_decisions(
+    category: Category, corroboration: dict[str, list[str]], policy: Policy, joined: list[str]
+) -> None:
+    verdict = _verdict(category, corroboration)
+    assert node_decision_nodes(verdict, _evidence(["n1", "n2", "n3"]), policy) == joined
