@@ -356,6 +356,61 @@ def test_approve_names_the_person(client: TestClient, env: Env) -> None:
     ]
 
 
+def test_a_node_decision_page_says_what_one_approval_covers(client: TestClient, env: Env) -> None:
+    """A node decision awaiting approval shows its node and the jobs it covers; a job whose
+    recovery joined it links to it."""
+    name = env.config.name
+    decision = f"relaunch-{name}-node-n7-1"
+    jobs = [f"relaunch-{name}-{j}-0" for j in (9001, 9002)]
+
+    async def seed() -> None:
+        store = await AuditStore.open(env.config.database_url)
+        try:
+            await store.ensure_incident(decision, name, "", 1)
+            for job_id, incident in zip(("9001", "9002"), jobs, strict=True):
+                await store.ensure_incident(incident, name, job_id, 0)
+                await store.record(
+                    AuditRecord(
+                        incident_id=incident,
+                        kind="node_decision",
+                        at=datetime.now(UTC),
+                        nodes=["n7"],
+                        summary=f"joined the node decision of n7: {decision}",
+                        data={"decisions": {"n7": decision}, "requeue_by": decision},
+                    )
+                )
+            for kind, stage, data in (
+                ("stage", "planning", {}),
+                ("plan", None, {"action": "isolate_and_restart", "drain_nodes": ["n7"]}),
+                ("stage", "awaiting_approval", {}),
+            ):
+                await store.record(
+                    AuditRecord(
+                        incident_id=decision,
+                        kind=kind,
+                        at=datetime.now(UTC),
+                        stage=stage,
+                        nodes=["n7"],
+                        summary=f"{kind} {stage or ''}",
+                        data=data,
+                    )
+                )
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+    sign_in(client, env, "april")
+    page = client.get(f"/incidents/{decision}")
+    assert page.status_code == 200, page.text
+    covers = re.search(r'data-test="decision-covers">(.*?)</p>', page.text, re.S)
+    assert covers is not None and "<b>n7</b>" in covers.group(1), page.text
+    assert "covers <b>2</b> jobs" in covers.group(1)
+    assert all(f"/incidents/{i}" in page.text for i in jobs)
+    assert 'data-test="approve-form"' in page.text  # one approval, for every job it covers
+    joined = client.get(f"/incidents/{jobs[0]}").text
+    assert f'href="/incidents/{decision}"' in joined and 'data-test="joined"' in joined
+
+
 def test_user_errors_are_clear_4xx_pages(client: TestClient, env: Env) -> None:
     sign_in(client, env, "vera")
     cases = {
