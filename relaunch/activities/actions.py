@@ -30,6 +30,7 @@ from relaunch.models.recovery import (
     Policy,
     RestartMethod,
     StepOutcome,
+    VerifyCheck,
     VerifyInput,
     drain_reason,
 )
@@ -298,10 +299,35 @@ class ActionActivities:
         if inp.checkpoint_step is not None and job.stdout_path:
             # The user and group lookups may go to a directory service: not on the loop.
             access = await asyncio.to_thread(FileAccess.for_job, job, self.deps.config.job_output)
-            progress = await self._progress_past(
-                Path(job.stdout_path), inp.checkpoint_step, deadline, access
-            )
+            progress = await self._progress_past(job, inp.checkpoint_step, deadline, access)
             detail += f"; {progress}"
+        await self._verified(inp, job, detail)
+        return StepOutcome(ok=True, detail=detail)
+
+    async def _progress_past(
+        self, job: Job, checkpoint: int, deadline: float, access: FileAccess
+    ) -> str:
+        """Wait for the restarted attempt's resume line and a step beyond it in the job log
+        (read only as the job's user may: see relaunch.connectors.joboutput), in any
+        framework's words (relaunch.detection.progress)."""
+        while True:
+            found = await self._resumed(job, access)
+            # An earlier attempt's resume line names an older checkpoint than the one saved
+            # before this fault; only a resume from at least that step is this restart's.
+            if found is not None and found.step >= checkpoint:
+                return _resume_text(found, checkpoint)
+            if time.monotonic() > deadline:
+                raise VerificationError("the restarted job shows no training progress")
+            beat("waiting for progress past the checkpoint")
+            await asyncio.sleep(1.0)
+
+    async def _resumed(self, job: Job, access: FileAccess) -> ResumeProgress | None:
+        """The last resume in the end of the job's log and the latest step past it."""
+        pattern = self.deps.config.watch.progress_pattern
+        return await asyncio.to_thread(_resumed_progress, Path(job.stdout_path), access, pattern)
+
+    async def _verified(self, inp: VerifyInput, job: Job, detail: str) -> None:
+        """The verification's audit row (once per recovery)."""
         await self.deps.audit_row(
             inp.incident_id,
             "verify",
@@ -310,29 +336,37 @@ class ActionActivities:
             nodes=job.nodes,
             data={"job_id": job.job_id, "nodes": job.nodes},
         )
-        return StepOutcome(ok=True, detail=detail)
 
-    async def _progress_past(
-        self, log: Path, checkpoint: int, deadline: float, access: FileAccess
-    ) -> str:
-        """Wait for the restarted attempt's resume line and a step beyond it in the job log
-        (read only as the job's user may: see relaunch.connectors.joboutput), in any
-        framework's words (relaunch.detection.progress)."""
-        pattern = self.deps.config.watch.progress_pattern
-        while True:
-            found = await asyncio.to_thread(_resumed_progress, log, access, pattern)
-            # An earlier attempt's resume line names an older checkpoint than the one saved
-            # before this fault; only a resume from at least that step is this restart's.
-            if found is not None and found.step >= checkpoint:
-                return (
-                    f"resumed from checkpoint step {found.step} "
-                    f"(last saved before the fault: {checkpoint}), now at step {found.latest} "
-                    f"({found.framework})"
-                )
-            if time.monotonic() > deadline:
-                raise VerificationError("the restarted job shows no training progress")
-            beat("waiting for progress past the checkpoint")
-            await asyncio.sleep(1.0)
+    @activity.defn(name="verify_check")
+    @typed_errors
+    async def verify_check(self, inp: VerifyInput) -> VerifyCheck:
+        """One look at a restarted job: RUNNING on healthy nodes and, where it prints
+        progress, past its checkpoint. The workflow waits on a durable timer between looks,
+        so no activity slot is held while the job comes back."""
+        job = await self.deps.scheduler.get_job_brief(inp.job_id)
+        bad = set(job.nodes) & set(inp.avoid_nodes)
+        if job.state.is_terminal:
+            return VerifyCheck(failed=True, detail=f"job {job.job_id} ended ({job.state.value})")
+        if job.state is not JobState.RUNNING or bad:
+            seen = f"{job.state.value} on {','.join(job.nodes) or '-'} {job.reason}"
+            return VerifyCheck(detail=seen.strip())
+        detail = f"RUNNING on {','.join(job.nodes)}"
+        if inp.checkpoint_step is not None and job.stdout_path:
+            access = await asyncio.to_thread(FileAccess.for_job, job, self.deps.config.job_output)
+            found = await self._resumed(job, access)
+            if found is None or found.step < inp.checkpoint_step:
+                return VerifyCheck(detail=f"{detail}; waiting for progress past the checkpoint")
+            detail += f"; {_resume_text(found, inp.checkpoint_step)}"
+        await self._verified(inp, job, detail)
+        return VerifyCheck(done=True, detail=detail)
+
+
+def _resume_text(found: ResumeProgress, checkpoint: int) -> str:
+    return (
+        f"resumed from checkpoint step {found.step} "
+        f"(last saved before the fault: {checkpoint}), now at step {found.latest} "
+        f"({found.framework})"
+    )
 
 
 def _resumed_progress(

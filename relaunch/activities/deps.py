@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,7 +22,7 @@ from relaunch.connectors.logstores import LogStore
 from relaunch.connectors.slurm.base import Scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import AuditRecord
+from relaunch.models.recovery import AuditRecord, GuardDecision
 
 log = logging.getLogger("relaunch.activities")
 
@@ -86,6 +86,17 @@ class Deps:
             ),
             dedupe_key=f"{incident_id}:{dedupe}" if dedupe else None,
         )
+
+    async def audit_guards(self, incident_id: str, guards: Sequence[GuardDecision]) -> None:
+        """One audit row per guard a plan was checked against (a job's plan or a node's)."""
+        for guard in guards:
+            await self.audit_row(
+                incident_id,
+                "guard",
+                f"{guard.guard}: {'allowed' if guard.allowed else 'REFUSED'} — {guard.detail}",
+                dedupe=f"guard:{guard.guard}",
+                data=guard.model_dump(mode="json"),
+            )
 
 
 def typed_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:

@@ -282,14 +282,7 @@ class EvidenceActivities:
                 "user": user,
             },
         )
-        for guard in plan.guards:
-            await self.deps.audit_row(
-                inp.incident_id,
-                "guard",
-                f"{guard.guard}: {'allowed' if guard.allowed else 'REFUSED'} — {guard.detail}",
-                dedupe=f"guard:{guard.guard}",
-                data=guard.model_dump(mode="json"),
-            )
+        await self.deps.audit_guards(inp.incident_id, plan.guards)
         return plan
 
     async def _plan_locked(

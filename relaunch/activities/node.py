@@ -12,16 +12,14 @@ import asyncio
 import re
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from temporalio import activity
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from relaunch.activities.actions import _resumed_progress, drain_check
+from relaunch.activities.actions import drain_check
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
 from relaunch.activities.evidence import EvidenceActivities
-from relaunch.connectors.joboutput import FileAccess
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.errors import JobNotFoundError, SchedulerError
 from relaunch.models.node_decision import (
@@ -45,8 +43,6 @@ from relaunch.models.recovery import (
     GatherInput,
     GuardDecision,
     Policy,
-    VerifyCheck,
-    VerifyInput,
 )
 from relaunch.models.scheduler import ActionResult, JobState
 
@@ -172,10 +168,6 @@ class NodeActivities:
     async def plan_node(self, inp: NodePlanInput) -> NodePlan:
         """The node's drain under the blast-radius guard, on a fresh read of the nodes."""
         policy, first = inp.policy, inp.first
-        info = await self.deps.audit.incident_info(inp.decision_id)
-        if info is None:
-            n = int(inp.decision_id.rsplit("-", 1)[1])
-            await self.deps.audit.ensure_incident(inp.decision_id, inp.cluster, "", n)
         since = datetime.now(UTC) - timedelta(hours=policy.drain_window_hours)
         # Read without the cluster's drain lock: the plan is what a person approves, and
         # `isolate` re-checks the guard under the lock on fresh state before it drains. The
@@ -232,14 +224,7 @@ class NodeActivities:
                 "first": first.model_dump(mode="json"),
             },
         )
-        for guard in guards:
-            await self.deps.audit_row(
-                inp.decision_id,
-                "guard",
-                f"{guard.guard}: {'allowed' if guard.allowed else 'REFUSED'} — {guard.detail}",
-                dedupe=f"guard:{guard.guard}",
-                data=guard.model_dump(mode="json"),
-            )
+        await self.deps.audit_guards(inp.decision_id, guards)
         return plan
 
     # ------------------------------------------------------------------ requeue
@@ -387,43 +372,6 @@ class NodeActivities:
             summary=summary,
             data=data,
         )
-
-    # ------------------------------------------------------------------ verify
-
-    @activity.defn(name="verify_check")
-    @typed_errors
-    async def verify_check(self, inp: VerifyInput) -> VerifyCheck:
-        """One look at a restarted job: RUNNING on healthy nodes and, where it prints
-        progress, past its checkpoint. The workflow waits on a durable timer between looks."""
-        job = await self.deps.scheduler.get_job_brief(inp.job_id)
-        bad = set(job.nodes) & set(inp.avoid_nodes)
-        seen = f"{job.state.value} on {','.join(job.nodes) or '-'}"
-        if job.state.is_terminal:
-            return VerifyCheck(failed=True, detail=f"job {job.job_id} ended ({job.state.value})")
-        if job.state is not JobState.RUNNING or bad:
-            return VerifyCheck(detail=f"{seen} {job.reason}".strip())
-        detail = f"RUNNING on {','.join(job.nodes)}"
-        if inp.checkpoint_step is not None and job.stdout_path:
-            access = await asyncio.to_thread(FileAccess.for_job, job, self.deps.config.job_output)
-            pattern = self.deps.config.watch.progress_pattern
-            found = await asyncio.to_thread(
-                _resumed_progress, Path(job.stdout_path), access, pattern
-            )
-            if found is None or found.step < inp.checkpoint_step:
-                return VerifyCheck(detail=f"{detail}; waiting for progress past the checkpoint")
-            detail += (
-                f"; resumed from checkpoint step {found.step} (last saved before the fault: "
-                f"{inp.checkpoint_step}), now at step {found.latest} ({found.framework})"
-            )
-        await self.deps.audit_row(
-            inp.incident_id,
-            "verify",
-            detail,
-            dedupe="verify",
-            nodes=job.nodes,
-            data={"job_id": job.job_id, "nodes": job.nodes},
-        )
-        return VerifyCheck(done=True, detail=detail)
 
 
 def _requeued_before(result: ActionResult, expected: int) -> bool:

@@ -58,11 +58,11 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         actions.restart,
         actions.hold,
         actions.verify,
+        actions.verify_check,
         node.investigate,
         node.join_node_decisions,
         node.plan_node,
         node.requeue_batch,
-        node.verify_check,
     ]
 
 

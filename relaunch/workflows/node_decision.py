@@ -49,14 +49,13 @@ with workflow.unsafe.imports_passed_through():
         INVESTIGATE,
         PAST,
         RECORD,
-        SA_AWAITING,
         SA_CLUSTER,
         SA_MODE,
         SA_NODES,
-        SA_STAGE,
         CallPolicy,
         NotAwaitingApprovalError,
         call,
+        stage_attributes,
     )
 
 # How long a decision stays open after its last join: later detections of the same failure
@@ -200,12 +199,7 @@ class NodeDecisionWorkflow:
 
     async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:
         self._stage = stage
-        workflow.upsert_search_attributes(
-            [
-                SA_STAGE.value_set(stage.value),
-                SA_AWAITING.value_set(stage is Stage.AWAITING_APPROVAL),
-            ]
-        )
+        workflow.upsert_search_attributes(stage_attributes(stage))
         await self._record(
             "stage", summary, stage=stage.value, dedupe=f"stage:{stage.value}", data=data
         )

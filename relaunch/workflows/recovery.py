@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -197,6 +197,14 @@ NODE_WAIT_SLACK = timedelta(minutes=15)
 # left Slurm before its evidence is gathered (cancelled and aged out, a cluster reset), instead
 # of failing the workflow. Older histories that failed there replay unpatched.
 JOB_LEFT_SLURM = "job-left-slurm"
+
+
+def stage_attributes(stage: Stage) -> list[SearchAttributeUpdate[Any]]:
+    """The search attributes a recovery or a node decision upserts on entering ``stage``."""
+    return [
+        SA_STAGE.value_set(stage.value),
+        SA_AWAITING.value_set(stage is Stage.AWAITING_APPROVAL),
+    ]
 
 
 async def call(
@@ -454,12 +462,7 @@ class RecoveryWorkflow:
 
     async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:
         self._stage = stage
-        workflow.upsert_search_attributes(
-            [
-                SA_STAGE.value_set(stage.value),
-                SA_AWAITING.value_set(stage is Stage.AWAITING_APPROVAL),
-            ]
-        )
+        workflow.upsert_search_attributes(stage_attributes(stage))
         await self._record(
             "stage", summary, stage=stage.value, dedupe=f"stage:{stage.value}", data=data
         )
@@ -803,7 +806,7 @@ class RecoveryWorkflow:
             pause = min(pause * 1.5, VERIFY_MAX_PAUSE)
             try:
                 check = await call(
-                    NodeActivities.verify_check,
+                    ActionActivities.verify_check,
                     VerifyInput(
                         incident_id=self._incident,
                         cluster=inp.cluster,

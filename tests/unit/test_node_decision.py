@@ -90,22 +90,7 @@ pytestmark = pytest.mark.skipif(
 
 
 class Audit(MemoryAudit):
-    """MemoryAudit plus what node decisions use: incidents, batch rows, restart counts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.incidents: dict[str, tuple[str, str, int]] = {}
-
-    async def ensure_incident(self, incident_id: str, cluster: str, job_id: str, n: int) -> None:
-        self.incidents.setdefault(incident_id, (cluster, job_id, n))
-
-    async def incident_info(self, incident_id: str) -> dict[str, Any] | None:
-        found = self.incidents.get(incident_id)
-        return (
-            None
-            if found is None
-            else dict(zip(("cluster", "job_id", "attempt"), found, strict=True))
-        )
+    """MemoryAudit plus what node decisions use: batch rows and restart counts."""
 
     async def record_many(self, rows: list[tuple[AuditRecord, str | None]]) -> int:
         return sum([await self.record(r, dedupe_key=k) for r, k in rows])
@@ -234,7 +219,7 @@ async def rig() -> AsyncIterator[Rig]:
             node.join_node_decisions,
             node.plan_node,
             node.requeue_batch,
-            node.verify_check,
+            actions.verify_check,
         ]
         workers = [
             Worker(
