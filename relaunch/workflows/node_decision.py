@@ -293,14 +293,14 @@ class NodeDecisionWorkflow:
         )
         if plan.needs_override:
             recommend = f"guard refused ({refused}), approving overrides it: {recommend}"
+        # Fixed with the stage, so that `status` never shows one without the other.
+        self._deadline = workflow.now() + timedelta(seconds=inp.policy.approval_timeout_s)
         await self._stage_to(
             Stage.AWAITING_APPROVAL,
             recommend,
             request_id=f"{self._id}/plan",
             **({"override": True} if plan.needs_override else {}),
         )
-        timeout = timedelta(seconds=inp.policy.approval_timeout_s)
-        self._deadline = workflow.now() + timeout
         try:
             while self._decision is None:
                 # Jobs that join while the decision waits hear that it waits (and for whom).

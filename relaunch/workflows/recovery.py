@@ -614,14 +614,16 @@ class RecoveryWorkflow:
             recommend = f"recommend {plan.action.value}: " + "; ".join(plan.reasons)
             if override:
                 recommend = f"guard refused ({refused}), approving overrides it: {recommend}"
+            # The absolute deadline, fixed with the stage so that `status` never shows one
+            # without the other. The expiry timer starts once the stage is recorded, so it fires
+            # at or just after this deadline, never before it.
+            self._deadline = workflow.now() + timedelta(seconds=policy.approval_timeout_s)
             await self._stage_to(
                 Stage.AWAITING_APPROVAL,
                 recommend,
                 request_id=plan.request_id,
                 **({"override": True} if override else {}),
             )
-            # The absolute deadline, fixed when the expiry timer starts: `status` reports it.
-            self._deadline = workflow.now() + timedelta(seconds=policy.approval_timeout_s)
             try:
                 await workflow.wait_condition(
                     lambda: self._decision is not None,
