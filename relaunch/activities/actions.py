@@ -103,10 +103,12 @@ class ActionActivities:
         sched, plan, policy = self.deps.scheduler, inp.plan, self.deps.config.policy
         beat("re-checking the blast-radius guard")
         since = datetime.now(UTC) - timedelta(hours=policy.drain_window_hours)
-        try:  # the shared brief listing: a rack's decisions drain one after another
-            partition = (await sched.get_job_brief(plan.job_id)).partition
-        except JobNotFoundError:  # the job has left Slurm: count the whole cluster
-            partition = ""
+        partition = plan.guard_partition
+        if partition is None:
+            try:  # the shared brief listing: a rack's decisions drain one after another
+                partition = (await sched.get_job_brief(plan.job_id)).partition
+            except JobNotFoundError:  # the job has left Slurm: count the whole cluster
+                partition = ""
         check = drain_check(
             policy,
             await sched.list_nodes(),

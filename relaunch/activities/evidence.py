@@ -16,7 +16,7 @@ from relaunch.activities.deps import Deps, typed_errors
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.joboutput import FileEvidence, read_file_evidence
-from relaunch.connectors.liveness import ProbeError, ProbeTarget
+from relaunch.connectors.liveness import ProbeError, Prober, ProbeTarget
 from relaunch.connectors.logstores import fetch_evidence_logs
 from relaunch.connectors.slurm.commands import LINEAGE_KEY
 from relaunch.connectors.telemetry import read_job_telemetry
@@ -85,6 +85,30 @@ def _last_progress(events: list[StoredEvent]) -> datetime | None:
         if e.kind == "detection" and e.data.get("source") == "progress" and e.data.get("fault_time")
     ]
     return min(stamps) if stamps else None
+
+
+async def unreachable_now(prober: Prober, nodes: list[Node]) -> list[str]:
+    """The nodes whose slurmd answers none of ``PROBE_TRIES`` probes ``PROBE_PAUSE_S``
+    apart: the recovery's own fresh read of what the watcher's probe saw (one lost packet
+    convicts nobody). A node Slurm lists without an address and port is not probed."""
+    targets = []
+    for node in nodes:
+        if node.address and node.port:
+            with contextlib.suppress(ValueError):  # an address no probe may be sent to
+                targets.append(ProbeTarget(node.name, node.address, node.port))
+    for attempt in range(PROBE_TRIES):
+        if not targets:
+            break
+        if attempt:
+            await asyncio.sleep(PROBE_PAUSE_S)
+        try:
+            results = await prober.probe(targets, PROBE_TIMEOUT_S)
+        except ProbeError as exc:  # no probe could be sent: nothing is known, not "dead"
+            activity.logger.warning("could not probe the nodes: %s", exc)
+            return []
+        answered = {r.node for r in results if r.ok}
+        targets = [t for t in targets if t.node not in answered]
+    return [t.node for t in targets]
 
 
 class EvidenceActivities:
@@ -342,27 +366,7 @@ class EvidenceActivities:
         return out
 
     async def _unreachable(self, nodes: list[Node]) -> list[str]:
-        """The nodes whose slurmd answers none of ``PROBE_TRIES`` probes ``PROBE_PAUSE_S``
-        apart: the recovery's own fresh read of what the watcher's probe saw (one lost packet
-        convicts nobody). A node Slurm lists without an address and port is not probed."""
-        targets = []
-        for node in nodes:
-            if node.address and node.port:
-                with contextlib.suppress(ValueError):  # an address no probe may be sent to
-                    targets.append(ProbeTarget(node.name, node.address, node.port))
-        for attempt in range(PROBE_TRIES):
-            if not targets:
-                break
-            if attempt:
-                await asyncio.sleep(PROBE_PAUSE_S)
-            try:
-                results = await self.deps.prober().probe(targets, PROBE_TIMEOUT_S)
-            except ProbeError as exc:  # no probe could be sent: nothing is known, not "dead"
-                activity.logger.warning("could not probe the job's nodes: %s", exc)
-                return []
-            answered = {r.node for r in results if r.ok}
-            targets = [t for t in targets if t.node not in answered]
-        return [t.node for t in targets]
+        return await unreachable_now(self.deps.prober(), nodes)
 
     async def _attempt_log_start(self, inp: GatherInput, log_path: str) -> int:
         """Where this attempt's output starts in the job log: after what the evidence of the

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
-from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from relaunch.activities.actions import drain_check
+from relaunch.activities.actions import ActionActivities, drain_check
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
-from relaunch.activities.evidence import EvidenceActivities
+from relaunch.activities.evidence import EvidenceActivities, unreachable_now
+from relaunch.connectors.temporal import NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.errors import JobNotFoundError, SchedulerError
 from relaunch.models.node_decision import (
@@ -29,29 +29,38 @@ from relaunch.models.node_decision import (
     Joined,
     JoinInput,
     JoinRequest,
-    NodeDecisionInput,
     NodePlan,
     NodePlanInput,
     RequeueBatchInput,
     RequeueBatchResult,
-    node_decision_id,
-    node_task_queue,
+    parse_node_decision_id,
 )
 from relaunch.models.recovery import (
+    ActInput,
     AttributeInput,
     AuditRecord,
+    DetectionSource,
     GatherInput,
     GuardDecision,
+    Mode,
     Policy,
+    Stage,
 )
-from relaunch.models.scheduler import ActionResult, JobState
+from relaunch.models.scheduler import ActionResult, JobState, Node
 
-# The workflow type of relaunch/workflows/node_decision.py, named rather than imported:
-# activities do not depend on workflows.
-NODE_DECISION_WORKFLOW = "NodeDecisionWorkflow"
+
+@dataclass(frozen=True)
+class Conviction:
+    """What convicts a node for its decision's plan."""
+
+    reason: str
+    partition: str
+    mode: Mode
+    unreachable: bool
+    remedy: str | None
+
+
 _RESTARTS = re.compile(r"\brestarts=(\d+)")
-# How many decisions of one node a join looks past (closed ones: the node failed before).
-MAX_DECISIONS_PER_NODE = 10_000
 
 
 class NodeActivities:
@@ -59,9 +68,8 @@ class NodeActivities:
         self.deps = deps
         # investigate's first two steps (tests hand in their own)
         self.evidence = evidence or EvidenceActivities(deps)
-        # node → the decision number last joined in this process: the next join starts there
-        # instead of trying every closed decision of the node from the first.
-        self._latest: dict[tuple[str, str], int] = {}
+        # Each node's decision last joined in this process: the next join starts there.
+        self._signals: NodeDecisionSignals | None = None
 
     # ------------------------------------------------------------------ investigate
 
@@ -138,36 +146,22 @@ class NodeActivities:
     async def _join_one(self, cluster: str, node: str, request: JoinRequest, policy: Policy) -> str:
         client = self.deps.temporal
         assert client is not None
-        key = (cluster, node)
-        n = self._latest.get(key, 1)
-        for _ in range(MAX_DECISIONS_PER_NODE):
-            decision = node_decision_id(cluster, node, n)
-            try:
-                await client.start_workflow(
-                    NODE_DECISION_WORKFLOW,
-                    NodeDecisionInput(cluster=cluster, node=node, n=n, policy=policy),
-                    id=decision,
-                    task_queue=node_task_queue(cluster),
-                    start_signal="join",
-                    start_signal_args=[request],
-                    # A decision that ended is never joined or started again: the node's next
-                    # failure is the next decision.
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                )
-            except WorkflowAlreadyStartedError:
-                n += 1
-                continue
-            self._latest[key] = n
-            return decision
-        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} decisions")
+        if self._signals is None or self._signals.client is not client:
+            self._signals = NodeDecisionSignals(client)
+        return await self._signals.send(cluster, node, policy, "join", request)
 
     # ------------------------------------------------------------------ plan
 
     @activity.defn(name="plan_node")
     @typed_errors
+    @keeps_heartbeating
     async def plan_node(self, inp: NodePlanInput) -> NodePlan:
-        """The node's drain under the blast-radius guard, on a fresh read of the nodes."""
-        policy, first = inp.policy, inp.first
+        """The node's drain under the blast-radius guard, on a fresh read of the nodes. From
+        the first job that joined, or from the watcher's report when that came first: then the
+        node is probed again, and one that answers is not convicted on the report."""
+        policy = inp.policy
+        if inp.stage_summary is not None:
+            await self._stage_row(inp, Stage.PLANNING, inp.stage_summary)
         since = datetime.now(UTC) - timedelta(hours=policy.drain_window_hours)
         # Read without the cluster's drain lock: the plan is what a person approves, and
         # `isolate` re-checks the guard under the lock on fresh state before it drains. The
@@ -175,15 +169,22 @@ class NodeActivities:
         nodes, drained = await asyncio.gather(
             self.deps.scheduler.list_nodes(), self.deps.audit.drained_nodes(inp.cluster, since)
         )
-        check = drain_check(
-            policy, nodes, drained, [inp.node], partition=first.partition, since=since
-        )
         node = next((n for n in nodes if n.name == inp.node), None)
+        conviction = await self._conviction(inp, node)
+        if conviction is None:
+            return NodePlan(
+                decision_id=inp.decision_id,
+                node=inp.node,
+                mode=Mode.MONITOR,
+                drain=False,
+                job_id="",
+                convicted=False,
+            )
+        check = drain_check(
+            policy, nodes, drained, [inp.node], partition=conviction.partition, since=since
+        )
         out = node is not None and node.drain_flag
-        reasons = [
-            f"{first.category.value} on {inp.node}, convicted by trusted evidence in "
-            f"{first.recovery_id} (job {first.job_id}): {first.summary}"[:500]
-        ]
+        reasons = [conviction.reason[:500]]
         guards: list[GuardDecision] = []
         needs_override = False
         if node is not None and node.drain_flag:
@@ -195,20 +196,23 @@ class NodeActivities:
                 reasons.append(
                     "blast-radius guard refused the drain: it runs only on an operator's override"
                 )
-        if first.remedy:
-            reasons.append(f"remedy by the Xid catalogue: {inp.node} {first.remedy}")
+        if conviction.remedy:
+            reasons.append(f"remedy by the Xid catalogue: {inp.node} {conviction.remedy}")
         plan = NodePlan(
             decision_id=inp.decision_id,
             node=inp.node,
-            mode=first.mode,
+            mode=conviction.mode,
             drain=not out,
-            fence=first.unreachable and not out,
+            fence=conviction.unreachable and not out,
             guards=guards,
             needs_override=needs_override,
             reasons=reasons,
-            remedy=first.remedy,
-            job_id=first.job_id,
+            remedy=conviction.remedy,
+            job_id=inp.first.job_id if inp.first else "",
+            partition=None if inp.first else conviction.partition,
         )
+        first = {"first": inp.first.model_dump(mode="json")} if inp.first else {}
+        report = {"report": inp.report.model_dump(mode="json")} if inp.report else {}
         await self.deps.audit_row(
             inp.decision_id,
             "plan",
@@ -217,15 +221,83 @@ class NodeActivities:
             dedupe="plan",
             nodes=[inp.node],
             # The plan row's usual shape (action, drain_nodes, …: what the console and the
-            # notifications read), with the node plan and the first job that convicted it.
+            # notifications read), with the node plan and what convicted the node.
             data={
                 **plan.isolation().model_dump(mode="json"),
                 "node_plan": plan.model_dump(mode="json"),
-                "first": first.model_dump(mode="json"),
+                **first,
+                **report,
             },
         )
         await self.deps.audit_guards(inp.decision_id, guards)
+        if inp.isolate and plan.mode is Mode.AUTONOMOUS and not plan.needs_override:
+            if plan.drain or plan.fence:
+                await self._stage_row(inp, Stage.ISOLATING, f"isolating {inp.node}")
+            act = ActInput(incident_id=inp.decision_id, cluster=inp.cluster, plan=plan.isolation())
+            isolated = await ActionActivities(self.deps).isolate(act)
+            plan = plan.model_copy(update={"isolated": isolated})
         return plan
+
+    async def _stage_row(self, inp: NodePlanInput, stage: Stage, summary: str) -> None:
+        """The decision's stage row, as its workflow writes it (`_stage_to`)."""
+        parsed = parse_node_decision_id(inp.decision_id)
+        await self.deps.audit.ensure_incident(
+            inp.decision_id, inp.cluster, "", parsed[2] if parsed else 0
+        )
+        await self.deps.audit_row(
+            inp.decision_id,
+            "stage",
+            summary,
+            stage=stage.value,
+            nodes=[inp.node],
+            dedupe=f"stage:{stage.value}",
+        )
+
+    async def _conviction(self, inp: NodePlanInput, node: Node | None) -> Conviction | None:
+        """What convicts the node: the first job's verdict, or the watcher's report confirmed by
+        a fresh probe (None, with a `node_report` row saying why, when the node answers)."""
+        first, report, policy = inp.first, inp.report, inp.policy
+        if first is not None:
+            return Conviction(
+                reason=f"{first.category.value} on {inp.node}, convicted by trusted evidence in "
+                f"{first.recovery_id} (job {first.job_id}): {first.summary}",
+                partition=first.partition,
+                mode=first.mode,
+                unreachable=first.unreachable,
+                remedy=first.remedy,
+            )
+        if report is None:
+            raise ValueError("plan_node needs the first join or the watcher's report")
+        unreachable = inp.node in await unreachable_now(self.deps.prober(), [node] if node else [])
+        if report.source is DetectionSource.PROBE and not unreachable:
+            await self.deps.audit_row(
+                inp.decision_id,
+                "node_report",
+                f"the watcher reported {inp.node} unreachable ({report.text}), but "
+                f"{'Slurm does not list it' if node is None else 'a fresh probe had an answer'}"
+                ": not convicted on the report; the verdicts of its jobs decide",
+                dedupe="node_report",
+                nodes=[inp.node],
+                data={"report": report.model_dump(mode="json"), "convicted": False},
+            )
+            return None
+        if report.source is DetectionSource.PROBE:
+            why = f"Relaunch's own probes: {report.text}; a fresh probe had no answer either"
+        else:  # the node's own kernel log, read by the watcher: an Xid the catalogue drains for
+            why = f"its own kernel log: {report.text}" + (
+                "; its slurmd does not answer a fresh probe" if unreachable else ""
+            )
+        # Autonomous only where every partition of the node's watched jobs is.
+        parts = report.partitions or [""]
+        modes = {policy.mode_for(p, report.category) for p in parts}
+        return Conviction(
+            reason=f"{report.category.value} on {inp.node}, convicted by {why} "
+            f"({report.jobs} watched jobs there)",
+            partition=parts[0],
+            mode=Mode.AUTONOMOUS if modes == {Mode.AUTONOMOUS} else Mode.MONITOR,
+            unreachable=unreachable,
+            remedy=report.remedy,
+        )
 
     # ------------------------------------------------------------------ requeue
 

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel
 from temporalio.client import Client
+from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import TLSConfig
 
 from relaunch.models.config import ClusterConfig
 from relaunch.models.endpoints import TemporalTlsSettings
-from relaunch.models.errors import RelaunchError
+from relaunch.models.errors import RelaunchError, SchedulerError
+from relaunch.models.node_decision import NodeDecisionInput, node_decision_id, node_task_queue
+from relaunch.models.recovery import Policy
+
+# The workflow type of relaunch/workflows/node_decision.py, named rather than imported: the
+# activities and the watcher that signal it do not depend on workflow code.
+NODE_DECISION_WORKFLOW = "NodeDecisionWorkflow"
+# How many decisions of one node a signal looks past (closed ones: the node failed before).
+MAX_DECISIONS_PER_NODE = 10_000
 
 
 class TemporalUnavailableError(RelaunchError):
@@ -64,3 +75,40 @@ async def connect(config: ClusterConfig) -> Client:
             f"cannot reach Temporal at {config.temporal_address}",
             hint="is the Temporal server running (`relaunch dev status`)?",
         ) from exc
+
+
+class NodeDecisionSignals:
+    """Signal-with-start into a node's current decision (relaunch/workflows/node_decision.py):
+    the running one, or the node's next when the latest has closed. A closed decision is never
+    started again (REJECT_DUPLICATE): the node's next failure is the next decision. Each node's
+    latest number is remembered in this process, so a signal does not try every closed
+    decision of the node from the first."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._latest: dict[tuple[str, str], int] = {}
+
+    async def send(
+        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
+    ) -> str:
+        """Send ``signal`` with ``arg`` to ``node``'s current decision; its id."""
+        key = (cluster, node)
+        n = self._latest.get(key, 1)
+        for _ in range(MAX_DECISIONS_PER_NODE):
+            decision = node_decision_id(cluster, node, n)
+            try:
+                await self.client.start_workflow(
+                    NODE_DECISION_WORKFLOW,
+                    NodeDecisionInput(cluster=cluster, node=node, n=n, policy=policy),
+                    id=decision,
+                    task_queue=node_task_queue(cluster),
+                    start_signal=signal,
+                    start_signal_args=[arg],
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                )
+            except WorkflowAlreadyStartedError:
+                n += 1
+                continue
+            self._latest[key] = n
+            return decision
+        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} decisions")

@@ -40,7 +40,7 @@ from datetime import timedelta
 
 from relaunch.detection.findings import Finding, Findings, collect, line_hosts
 from relaunch.detection.planning import default_action
-from relaunch.detection.signatures import Catalogue, Role
+from relaunch.detection.signatures import Catalogue, Role, SignatureMatch
 from relaunch.detection.straggler import find_stragglers
 from relaunch.detection.xids import OUTCOMES, Bucket, Implicates, Outcome, Remedy, xid_table
 from relaunch.models.bundle import Bundle
@@ -445,20 +445,27 @@ def _remedies(verdict: Verdict) -> dict[str, str]:
     return out
 
 
+def xid_remedy(m: SignatureMatch) -> str | None:
+    """The remediation rung an Xid line that drains its node calls for (None for any other)."""
+    if m.xid_action is None or m.xid_outcome is not Outcome.DRAIN:
+        return None
+    bucket = Bucket(m.xid_action)
+    remedy = OUTCOMES[bucket][1] if bucket in OUTCOMES else None
+    return remedy.value if remedy else None
+
+
 def xid_evidence(f: Finding) -> XidEvidence | None:
     """The catalogue's say on a finding's Xid line, for the verdict's evidence."""
     m = f.match
     if m.xid is None or m.xid_action is None or m.xid_outcome is None:
         return None
     row = xid_table().row(m.xid)
-    bucket = Bucket(m.xid_action)
-    remedy = OUTCOMES[bucket][1] if bucket in OUTCOMES else None
     return XidEvidence(
         code=m.xid,
         words=row.words if row else "not in NVIDIA's Xid catalogue",
         action=m.xid_action,
         outcome=m.xid_outcome.value,
-        remedy=remedy.value if remedy and m.xid_outcome is Outcome.DRAIN else None,
+        remedy=xid_remedy(m),
         detail=m.xid_detail or "",
         implicates=(row.implicates if row else Implicates.GPU).value,
     )

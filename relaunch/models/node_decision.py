@@ -22,11 +22,13 @@ from relaunch.models.recovery import (
     Action,
     ActionPlan,
     Category,
+    DetectionSource,
     EvidenceSummary,
     GuardDecision,
     Mode,
     Policy,
     Stage,
+    StepOutcome,
     Verdict,
 )
 
@@ -77,6 +79,32 @@ class JoinRequest(BaseModel):
     )
     remedy: str | None = Field(default=None, description="the Xid catalogue's rung, if any")
     mode: Mode = Field(description="the job's own mode (its partition's and category's)")
+
+
+class NodeReport(BaseModel):
+    """The watcher's own finding that a node failed (the `report` signal), from what the job's
+    user cannot write: its probes had no answer from the node's slurmd (source ``probe``), or
+    the node's own kernel log has an Xid line the catalogue drains a node for (``node_log``).
+    Trusted evidence, so the report may start the node's decision before any job's recovery has
+    joined it. The decision probes the node again (plan_node): a node the probes called gone
+    that answers by then is not convicted on the report (the verdicts of its jobs decide)."""
+
+    model_config = STRICT
+
+    node: str
+    source: DetectionSource = DetectionSource.PROBE
+    kind: str = Field(
+        default="node_unreachable", description="node_unreachable, or signature:<id> (an Xid)"
+    )
+    category: Category = Category.NODE_FAILURE
+    text: str = Field(description="what the probes saw, or the kernel log's line")
+    remedy: str | None = Field(default=None, description="the Xid catalogue's rung, if any")
+    failing_since: datetime | None = None
+    detected_at: datetime
+    partitions: list[str] = Field(
+        default_factory=list, description="the partitions of the watched jobs running there"
+    )
+    jobs: int = Field(default=0, description="watched jobs running on the node")
 
 
 class NodeDecisionInput(BaseModel):
@@ -130,6 +158,19 @@ class NodePlan(BaseModel):
     reasons: list[str] = Field(default_factory=list)
     remedy: str | None = None
     job_id: str = Field(description="the first job's: the guard counts its partition")
+    partition: str | None = Field(
+        default=None, description="the partition the guard counts when no job convicted the node"
+    )
+    convicted: bool = Field(
+        default=True,
+        description="false when a watcher's report was not confirmed by a fresh probe: the "
+        "decision plans again from the first job that joins",
+    )
+    isolated: StepOutcome | None = Field(
+        default=None,
+        description="what `isolate` did, when plan_node isolated the node at once (asked to, "
+        "and no person need approve: autonomous mode, the guard allows)",
+    )
 
     def isolation(self) -> ActionPlan:
         """This plan as the `isolate` activity takes it (guard re-check, drain, fence)."""
@@ -145,6 +186,7 @@ class NodePlan(BaseModel):
             reasons=self.reasons,
             needs_override=self.needs_override,
             remedies={self.node: self.remedy} if self.remedy else {},
+            guard_partition=self.partition,
         )
 
 
@@ -154,8 +196,21 @@ class NodePlanInput(BaseModel):
     decision_id: str
     cluster: str
     node: str
-    first: JoinRequest
+    first: JoinRequest | None = Field(
+        default=None, description="the first job recovery that joined (and convicted the node)"
+    )
+    report: NodeReport | None = Field(
+        default=None, description="the watcher's report, when it came before any join"
+    )
     policy: Policy
+    isolate: bool = Field(
+        default=False,
+        description="isolate the node in the same activity when no person need approve: one "
+        "step less between a rack's failure and its drains",
+    )
+    stage_summary: str | None = Field(
+        default=None, description="record the decision's planning stage with this summary first"
+    )
 
 
 class NodeActInput(BaseModel):

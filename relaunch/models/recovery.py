@@ -319,6 +319,11 @@ class ActionPlan(BaseModel):
         description="drained node → the remediation rung its Xids call for (gpu_reset, reboot, "
         "escalate): where the node's repair starts",
     )
+    guard_partition: str | None = Field(
+        default=None,
+        description="the partition the blast-radius guard counts at drain time; None: the "
+        "job's (a node decision the watcher's report started has no job)",
+    )
 
     @property
     def restarts(self) -> bool:

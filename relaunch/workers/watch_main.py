@@ -1,5 +1,6 @@
 """`relaunch watch`: the watcher process for one cluster. Each detection starts or joins the
-job attempt's RecoveryWorkflow."""
+job attempt's RecoveryWorkflow; a node its probes find gone is reported to the node's
+NodeDecisionWorkflow first."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from relaunch.connectors.liveness import LivenessMonitor, make_prober
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
-from relaunch.connectors.temporal import connect
+from relaunch.connectors.temporal import NodeDecisionSignals, connect
 from relaunch.models.config import ClusterConfig, ProbeMethod
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import Detection
+from relaunch.models.node_decision import NodeReport
+from relaunch.models.recovery import Detection, RestartMethod
 from relaunch.models.scheduler import Job, Node
 from relaunch.workers.watcher import WatchConfig, Watcher
 from relaunch.workflows import recovery_client
@@ -69,9 +71,22 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
             det.kind,
         )
 
+    signals = NodeDecisionSignals(client)
+
+    async def on_node_report(report: NodeReport) -> None:
+        decision = await signals.send(config.name, report.node, config.policy, "report", report)
+        log.info("reported node %s to %s: %s", report.node, decision, report.text)
+
+    policy = config.policy
+    # Only where node decisions run at all (see planning.node_decision_nodes).
+    reports = policy.node_decisions and policy.restart_method is RestartMethod.REQUEUE
     probe_runner, liveness = await liveness_monitor(config)
     watcher = Watcher(
-        watch_config(config), BriefSchedulerView(scheduler), on_detection, liveness=liveness
+        watch_config(config),
+        BriefSchedulerView(scheduler),
+        on_detection,
+        liveness=liveness,
+        on_node_report=on_node_report if reports else None,
     )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -8,6 +8,12 @@ that joined), drains (and fences) the node once, then requeues the jobs that joi
 (one `scontrol requeue` a batch) and tells each job's recovery its outcome (signal
 `node_update`); each recovery then verifies its own job. It stays open for a while after the
 last join, so that late detections of the same failure join it rather than start another.
+
+The watcher does not wait for the jobs: when its own probes find a node's slurmd gone (trusted
+evidence), it reports the node (signal `report`, signal-with-start), and the decision plans the
+drain at once, on a fresh probe of the node, while the recoveries of the node's jobs are still
+starting; they join a decision that has already drained. A node that answers the fresh probe is
+not convicted on the report: the first job that joins convicts it, or nothing does.
 Orchestration only: every decision and side effect is an activity.
 """
 
@@ -32,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         NodeDecisionStatus,
         NodePlan,
         NodePlanInput,
+        NodeReport,
         NodeUpdate,
         RequeueBatchInput,
     )
@@ -57,6 +64,12 @@ with workflow.unsafe.imports_passed_through():
         call,
         stage_attributes,
     )
+
+# Decisions started after this patch plan and, where no person need approve (autonomous mode,
+# the guard allows), isolate the node in one activity that also records the planning stage:
+# when a rack fails, each workflow task of the decision waits behind hundreds of the
+# recoveries', and every job's first action is this drain. Older histories replay unpatched.
+PLAN_ISOLATES = "node-plan-isolates"
 
 # How long a decision stays open after its last join: later detections of the same failure
 # (a job whose recovery was slow to start, a straggler's hang) join it instead of starting the
@@ -96,6 +109,8 @@ class NodeDecisionWorkflow:
         self._outcome = ""
         # Once the decision is made: what every job that joins gets (None: requeue it).
         self._final: tuple[JobOutcome, str] | None = None
+        self._report: NodeReport | None = None
+        self._isolates_at_plan = False
 
     # ------------------------------------------------------------------ messages
 
@@ -107,6 +122,13 @@ class NodeDecisionWorkflow:
         self._joined[request.recovery_id] = request
         self._pending.append(request)
         self._unannounced.append(request)
+
+    @workflow.signal
+    def report(self, report: NodeReport) -> None:
+        """The watcher's probes found the node gone (signal-with-start by the watcher): the
+        decision may plan from it before any job's recovery joins. Later reports add nothing."""
+        if self._report is None:
+            self._report = report
 
     @workflow.signal
     async def approve(self, approval: Approval) -> None:
@@ -243,41 +265,75 @@ class NodeDecisionWorkflow:
 
     @workflow.run
     async def run(self, inp: NodeDecisionInput) -> NodeDecisionStatus:
+        self._isolates_at_plan = workflow.patched(PLAN_ISOLATES)
         self._input = inp
         self._id = workflow.info().workflow_id
         workflow.upsert_search_attributes(
             [SA_CLUSTER.value_set(inp.cluster), SA_NODES.value_set([inp.node])]
         )
-        await workflow.wait_condition(lambda: bool(self._pending))
-        first = self._pending[0]
-        await self._stage_to(
-            Stage.PLANNING,
-            f"node decision for {inp.node}: convicted by {first.recovery_id} "
-            f"({first.category.value})",
-        )
-        plan = await call(
-            NodeActivities.plan_node,
-            NodePlanInput(
-                decision_id=self._id,
-                cluster=inp.cluster,
-                node=inp.node,
+        await workflow.wait_condition(lambda: bool(self._pending) or self._report is not None)
+        plan: NodePlan | None = None
+        if not self._pending and self._report is not None:
+            report = self._report
+            plan = await self._plan_drain(
+                f"node decision for {inp.node}: reported by the watcher ({report.text})",
+                report=report,
+            )
+            if not plan.convicted:  # the node answered the decision's own probe
+                plan = None
+                if not await self._joined_within_window():
+                    await self._stage_to(Stage.NO_ACTION, f"{inp.node} not convicted: no action")
+                    return self.status()
+        if plan is None:
+            first = self._pending[0]
+            plan = await self._plan_drain(
+                f"node decision for {inp.node}: convicted by {first.recovery_id} "
+                f"({first.category.value})",
                 first=first,
-                policy=inp.policy,
-            ),
-            INVESTIGATE,
-            f"plan the decision for {inp.node}",
-        )
+            )
         self._plan = plan
         workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
-        self._final = await self._decide(plan)
-        if self._final is None:
-            self._final = await self._isolate(plan)
+        if plan.isolated is not None:  # planned and isolated in one step (PLAN_ISOLATES)
+            self._final = None if plan.isolated.ok else (JobOutcome.HOLD, plan.isolated.detail)
+        else:
+            self._final = await self._decide(plan)
+            if self._final is None:
+                self._final = await self._isolate(plan)
         if self._final is None:
             await self._stage_to(Stage.ACTING, f"requeueing the jobs of {inp.node} in batches")
         else:  # every job that joins, now or later, is told the same
             await self._stage_to(self._final_stage(), self._final[1])
         await self._serve_joins()
         return await self._finish()
+
+    async def _plan_drain(
+        self, summary: str, *, first: JoinRequest | None = None, report: NodeReport | None = None
+    ) -> NodePlan:
+        """Plan the drain from the first job that joined or from the watcher's report. With
+        PLAN_ISOLATES, `plan_node` records the planning stage and, where no person need approve,
+        isolates the node too: one activity between the failure and the drain."""
+        inp = self._input
+        assert inp is not None
+        plan_input = NodePlanInput(
+            decision_id=self._id,
+            cluster=inp.cluster,
+            node=inp.node,
+            first=first,
+            report=report,
+            policy=inp.policy,
+        )
+        if self._isolates_at_plan:
+            self._stage = Stage.PLANNING
+            workflow.upsert_search_attributes(stage_attributes(Stage.PLANNING))
+            plan_input = plan_input.model_copy(update={"isolate": True, "stage_summary": summary})
+        else:
+            await self._stage_to(Stage.PLANNING, summary)
+        return await call(
+            NodeActivities.plan_node,
+            plan_input,
+            ACT if self._isolates_at_plan else INVESTIGATE,
+            f"plan the decision for {inp.node}",
+        )
 
     async def _decide(self, plan: NodePlan) -> tuple[JobOutcome, str] | None:
         """The guard and, in monitor mode, a person: None to go ahead, else every job's fate."""
@@ -365,22 +421,24 @@ class NodeDecisionWorkflow:
             return JobOutcome.HOLD, isolated.detail
         return None
 
+    async def _joined_within_window(self) -> bool:
+        """Wait up to JOIN_WINDOW for a job to join; whether one did."""
+        try:
+            await workflow.wait_condition(
+                lambda: bool(self._pending), timeout=JOIN_WINDOW, timeout_summary="join window"
+            )
+        except TimeoutError:
+            return bool(self._pending)
+        return True
+
     async def _serve_joins(self) -> None:
         """Requeue (or tell the fate of) every job that joined, batch by batch, until no job
         has joined for JOIN_WINDOW."""
         inp = self._input
         assert inp is not None
         while True:
-            if not self._pending:
-                try:
-                    await workflow.wait_condition(
-                        lambda: bool(self._pending),
-                        timeout=JOIN_WINDOW,
-                        timeout_summary="join window",
-                    )
-                except TimeoutError:
-                    if not self._pending:
-                        return
+            if not self._pending and not await self._joined_within_window():
+                return
             taken = self._take_pending()
             if self._final is not None:
                 outcome, detail = self._final

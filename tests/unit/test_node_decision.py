@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -31,12 +32,14 @@ from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.activities.node import NodeActivities
 from relaunch.connectors.audit import AuditStore, StoredEvent
+from relaunch.connectors.temporal import NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.config import ClusterConfig
 from relaunch.models.node_decision import (
     BatchJob,
     JobOutcome,
     NodeDecisionStatus,
+    NodeReport,
     RequeueBatchInput,
     node_decision_id,
     node_task_queue,
@@ -48,6 +51,7 @@ from relaunch.models.recovery import (
     AttributeInput,
     AuditRecord,
     Category,
+    DetectionSource,
     EvidenceSummary,
     GatherInput,
     JobSnapshot,
@@ -90,7 +94,11 @@ pytestmark = pytest.mark.skipif(
 
 
 class Audit(MemoryAudit):
-    """MemoryAudit plus what node decisions use: batch rows and restart counts."""
+    """MemoryAudit plus what node decisions use: batch rows, restart counts, incidents."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.incidents: dict[str, tuple[str, str, int]] = {}
 
     async def record_many(self, rows: list[tuple[AuditRecord, str | None]]) -> int:
         return sum([await self.record(r, dedupe_key=k) for r, k in rows])
@@ -99,6 +107,11 @@ class Audit(MemoryAudit):
         self, cluster: str, job_ids: list[str], since: datetime
     ) -> dict[str, tuple[int, int]]:
         return {j: (0, 0) for j in job_ids}
+
+    async def ensure_incident(
+        self, incident_id: str, cluster: str, job_id: str, attempt: int
+    ) -> None:
+        self.incidents.setdefault(incident_id, (cluster, job_id, attempt))
 
     def of(self, incident: str, kind: str) -> list[StoredEvent]:
         return [r for r in self.rows if r.incident_id == incident and r.kind == kind]
@@ -411,6 +424,113 @@ async def test_a_closed_decision_is_not_joined_the_next_failure_starts_the_next(
     [status] = await until_all([handle], lambda s: s.stage is Stage.DONE, "second failure")
     assert status.node_decision == node_decision_id(rig.cluster, "n7", 2)
     assert len(drains(rig, "n7")) == 2
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on: a probe there is refused, as a dead slurmd's is."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _report(node: str, jobs: int) -> NodeReport:
+    return NodeReport(
+        node=node,
+        text=f"{node} slurmd 127.0.0.1: refused ×3 (connect probe)",
+        detected_at=datetime.now(UTC),
+        partitions=["gpu"],
+        jobs=jobs,
+    )
+
+
+async def _until_rows(rig: Rig, incident: str, kind: str, count: int = 1) -> list[StoredEvent]:
+    for _ in range(300):
+        rows = rig.audit.of(incident, kind)
+        if len(rows) >= count:
+            return rows
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {kind} row in {incident}")
+
+
+async def test_the_watchers_report_drains_the_node_before_any_job_joins(rig: Rig) -> None:
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    rig.sched.set_node("n9", address="127.0.0.1", port=_closed_port())
+    ids = jobs_on(rig, "n9", 4, 900)
+    # The watcher's probes found n9's slurmd gone: it reports the node, as `relaunch watch` does.
+    signals = NodeDecisionSignals(rig.client)
+    decision = await signals.send(rig.cluster, "n9", policy, "report", _report("n9", 4))
+    assert decision == node_decision_id(rig.cluster, "n9", 1)
+    steps = {
+        r.data["step"]: r.data["changed"] for r in await _until_rows(rig, decision, "action", 2)
+    }
+    assert steps == {"drain": True, "fence": True}  # its slurmd is gone: fenced as well
+    assert rig.sched.nodes["n9"].drain_flag and rig.sched.requeues == []
+    [plan] = rig.audit.of(decision, "plan")
+    assert "convicted by Relaunch's own probes" in plan.summary
+
+    # Then the jobs' recoveries come: they join a decision that has already drained.
+    handles = await start(rig, ids, policy)
+    done = await until_all(handles, lambda s: s.stage is Stage.DONE, "every recovery done")
+    assert {s.node_decision for s in done} == {decision}
+    assert sorted(rig.sched.requeues) == sorted(ids)
+    assert [r.incident_id for r in drains(rig, "n9")] == [decision]  # drained once
+    await replays(rig.client, decision, "node_decision_reported")
+
+
+async def test_a_report_a_fresh_probe_does_not_confirm_convicts_nothing(rig: Rig) -> None:
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    rig.sched.set_node("n10", address="127.0.0.1", port=port)
+    try:
+        decision = await NodeDecisionSignals(rig.client).send(
+            rig.cluster, "n10", policy, "report", _report("n10", 1)
+        )
+        [row] = await _until_rows(rig, decision, "node_report")
+    finally:
+        server.close()
+        await server.wait_closed()
+    # slurmd answered the decision's own probe: the watcher's word alone drains nothing.
+    assert row.data["convicted"] is False and "fresh probe had an answer" in row.summary
+    assert not rig.sched.nodes["n10"].drain_flag and rig.audit.of(decision, "plan") == []
+    # The first job whose verdict convicts the node (its kernel log) is what drains it.
+    [handle] = await start(rig, jobs_on(rig, "n10", 1, 1000), policy)
+    [status] = await until_all([handle], lambda s: s.stage is Stage.DONE, "the job recovered")
+    assert status.node_decision == decision
+    assert [r.incident_id for r in drains(rig, "n10")] == [decision]
+    [plan] = rig.audit.of(decision, "plan")
+    assert "convicted by trusted evidence in" in plan.summary
+
+
+async def test_a_reported_xid_in_the_nodes_own_kernel_log_drains_a_node_that_still_answers(
+    rig: Rig,
+) -> None:
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    rig.sched.set_node("n11", address="127.0.0.1", port=server.sockets[0].getsockname()[1])
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
+    report = _report("n11", 2).model_copy(
+        update={
+            "source": DetectionSource.NODE_LOG,
+            "kind": "signature:xid_79",
+            "category": Category.GPU_HARDWARE,
+            "text": line,
+            "remedy": "reboot",
+        }
+    )
+    try:
+        decision = await NodeDecisionSignals(rig.client).send(
+            rig.cluster, "n11", policy, "report", report
+        )
+        [drain] = await _until_rows(rig, decision, "action")
+    finally:
+        server.close()
+        await server.wait_closed()
+    # Drained on its kernel log's word; its slurmd answers, so it is not fenced.
+    assert drain.data["step"] == "drain" and rig.sched.nodes["n11"].drain_flag
+    [plan] = rig.audit.of(decision, "plan")
+    assert "convicted by its own kernel log" in plan.summary and "reboot" in plan.summary
+    assert plan.data["fence_nodes"] == []
 
 
 async def test_a_batch_retried_after_its_worker_died_counts_each_requeue_once() -> None:

@@ -35,6 +35,13 @@ def test_histories_are_committed() -> None:
     # requeued 24 jobs in batches, and one held by its guard.
     joined = {"node_decision_joined_autonomous", "node_decision_joined_monitor"}
     assert {*joined, "node_decision_requeued", "node_decision_guard_held"} <= names
+    assert "node_decision_reported" in names  # started by the watcher's report
+    # Recorded before plan_node isolated the node in the same step (patch node-plan-isolates).
+    assert {"node_decision_requeued", "node_decision_reported"} <= names
+    assert {
+        "node_decision_requeued.before-plan-isolates",
+        "node_decision_reported.before-plan-isolates",
+    } <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -16,6 +16,7 @@ import pytest
 from relaunch.connectors.logs import FileTail
 from relaunch.detection.signatures import Catalogue, ScanStats, SignatureMatch
 from relaunch.models.errors import ControllerUnavailableError
+from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeState
 from relaunch.workers.watcher import WatchConfig, Watcher
@@ -303,6 +304,47 @@ async def test_an_xid_the_catalogue_ignores_raises_nothing(
     )
     (found,) = await watcher.poll_once(T0)
     assert (found.kind, found.nodes) == ("signature:xid_145", ["n2"])
+
+
+async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """The node's own kernel log (trusted) with an Xid the catalogue drains for: the node is
+    reported to its node decision, once; an Xid the catalogue restarts
+    the application for (13, a user's bug) reports nothing, and neither does a job's output."""
+    reports: list[NodeReport] = []
+
+    async def on_node_report(report: NodeReport) -> None:
+        reports.append(report)
+
+    config = WatchConfig(
+        cluster="dev", node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log")
+    )
+    watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
+    assert await watcher.poll_once(T0) == []
+    append(tmp_path / "nodes" / "n1" / "kern.log", XID_79.replace("79,", "13,", 1))
+    append(Path(scheduler.jobs[0].stdout_path), XID_79)  # the job's own say-so
+    found = watcher.read_logs_once(T0)
+    await watcher._report_nodes(found)
+    await watcher._deliver(collections.deque(found))
+    assert reports == []
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
+    found = watcher.read_logs_once(T0)
+    assert ("signature:xid_79", ["n2"]) in [(d.kind, d.nodes) for d in found]
+    await watcher._report_nodes(found)
+    await watcher._deliver(collections.deque(found))
+    [report] = reports
+    assert (report.node, report.source, report.kind, report.remedy) == (
+        "n2",
+        DetectionSource.NODE_LOG,
+        "signature:xid_79",
+        "reboot",
+    )
+    assert (report.jobs, report.partitions) == (1, ["debug"])
+    assert "fallen off the bus" in report.text
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)  # the same failure, said again
+    await watcher._report_nodes(watcher.read_logs_once(T0))
+    assert len(reports) == 1
 
 
 async def test_a_node_log_is_read_once_per_pass_for_all_its_jobs(

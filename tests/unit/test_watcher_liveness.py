@@ -5,6 +5,7 @@ back, and the job's own limits for hangs and ranks left behind."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from relaunch.connectors.telemetry.heartbeat import (
     write_heartbeat,
 )
 from relaunch.models.config import ClusterConfig, WatchSettings
+from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeState, comment_duration
 from relaunch.workers.watch_liveness import Heartbeat
@@ -162,6 +164,51 @@ async def test_a_dead_slurmd_is_reported_after_three_failed_probes(
     assert await watcher.poll_once() == []
     assert (watcher.stats.unreachable_nodes, watcher.stats.probed_nodes) == (1, 2)
     assert watcher.stats.probe_failures == 4
+
+
+async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
+    nodes: dict[str, Slurmd], tmp_path: Path
+) -> None:
+    jobs = [
+        job("201", ["n2"], tmp_path / "201.out"),
+        job("202", ["n2"], tmp_path / "202.out", partition="gpu"),
+        job("203", ["n1"], tmp_path / "203.out"),
+    ]
+    monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
+    order: list[str] = []
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"job {det.job_id}")
+
+    async def on_node_report(report: NodeReport) -> None:
+        order.append(f"node {report.node}")
+        reports.append(report)
+
+    reports: list[NodeReport] = []
+    watcher = Watcher(
+        WatchConfig(cluster="dev"),
+        cluster(nodes, jobs),
+        on_detection,
+        liveness=monitor,
+        on_node_report=on_node_report,
+    )
+    assert await watcher.poll_once() == []
+    await nodes["n2"].kill()
+    for _ in range(3):
+        await monitor.probe_once()
+    found = watcher.read_logs_once()
+    assert sorted(d.job_id for d in found) == ["201", "202"]
+    await watcher._report_nodes(found)
+    await watcher._deliver(collections.deque(found))
+    # One report for the node (what the probes saw, its watched jobs), and the jobs' own.
+    assert sorted(order) == ["job 201", "job 202", "node n2"]
+    [report] = reports
+    assert (report.node, report.jobs, report.partitions) == ("n2", 2, ["debug", "gpu"])
+    assert report.failing_since == found[0].fault_time and "refused ×3" in report.text
+    # The same failure is not reported again (a later detection of it, a redelivery).
+    await watcher._report_nodes(found)
+    await watcher._deliver(collections.deque(found))
+    assert len(reports) == 1
 
 
 async def test_detection_within_failures_times_interval_while_running(
