@@ -50,6 +50,13 @@ class WatchSettings(BaseModel):
     hang_threshold_s: float = Field(default=45.0, ge=5, le=7 * 86400, description=HANG_FLOOR_WHY)
     lag_floor_s: float = Field(default=5.0, ge=1, le=7 * 86400, description=LAG_FLOOR_WHY)
     progress_pattern: str | None = None
+    follow_up_hold_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=60,
+        description="later signs of an interruption already handed over to its recovery are "
+        "held this long and handed over together, in one signal (0: each at once)",
+    )
     probe_interval_s: float = Field(
         default=1.0, ge=0.1, le=60, description="between liveness probes of a running job's nodes"
     )

@@ -52,6 +52,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         node_log_pattern=config.node_log_pattern,
         telemetry_pattern=config.telemetry_pattern,
         progress_pattern=config.watch.progress_pattern,
+        follow_up_hold_s=config.watch.follow_up_hold_s,
         job_output=config.job_output,
     )
 
@@ -77,6 +78,17 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
         decision = await signals.send(config.name, report.node, config.policy, "report", report)
         log.info("reported node %s to %s: %s", report.node, decision, report.text)
 
+    async def on_follow_ups(dets: list[Detection]) -> None:
+        handed = await recovery_client.hand_over(client, config, dets)
+        log.info(
+            "%s %s: %d later detections of job %s attempt %s",
+            "handed over" if handed else "closed",
+            dets[0].workflow_id,
+            len(dets),
+            dets[0].job_id,
+            dets[0].attempt,
+        )
+
     policy = config.policy
     # Only where node decisions run at all (see planning.node_decision_nodes).
     reports = policy.node_decisions and policy.restart_method is RestartMethod.REQUEUE
@@ -87,6 +99,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
         on_detection,
         liveness=liveness,
         on_node_report=on_node_report if reports else None,
+        on_follow_ups=on_follow_ups,
     )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

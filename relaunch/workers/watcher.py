@@ -74,6 +74,7 @@ from relaunch.models.scheduler import (
     NodeState,
     watched,
 )
+from relaunch.workers.watch_handover import FollowUps
 from relaunch.workers.watch_liveness import Liveness
 from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream, WatchStats
 
@@ -92,6 +93,7 @@ class SchedulerView(Protocol):
 
 DetectionHandler = Callable[[Detection], Awaitable[None]]
 NodeReportHandler = Callable[[NodeReport], Awaitable[None]]
+FollowUpHandler = Callable[[list[Detection]], Awaitable[None]]
 # A node is reported at most once in this long: the failure's later signs (more Xid lines, the
 # probes of a node still down) would reach the same node decision, which stays open this long
 # after its last join (workflows/node_decision.py, JOIN_WINDOW).
@@ -135,6 +137,13 @@ class WatchConfig(BaseModel):
     deliver_parallel: int = Field(
         default=32, gt=0, description="recoveries started or signalled at once"
     )
+    follow_up_hold_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=60,
+        description="later signs of an interruption already handed over are held this long and "
+        "handed over together, in one signal (0: each at once); see watch_handover.py",
+    )
 
     @field_validator("node_log_pattern", "telemetry_pattern")
     @classmethod
@@ -156,12 +165,16 @@ class Watcher:
         catalogue: Catalogue | None = None,
         liveness: LivenessMonitor | None = None,
         on_node_report: NodeReportHandler | None = None,
+        on_follow_ups: FollowUpHandler | None = None,
     ) -> None:
         self.config = config
         self.stats = WatchStats()
         self._scheduler = scheduler
         self._on_detection = on_detection
         self._on_node_report = on_node_report
+        self._on_follow_ups = on_follow_ups
+        self._follow_ups = FollowUps(config.follow_up_hold_s if on_follow_ups else 0.0)
+        self._follow_ups_failed = False
         # node → when it was last reported (monotonic): one report per node and failure.
         self._reported: dict[str, float] = {}
         # Xid lines of nodes' own kernel logs that drain a node, found in this pass.
@@ -313,12 +326,19 @@ class Watcher:
         while True:
             await found.wait()
             found.clear()
-            await self._deliver(pending)
+            await self._deliver(pending, final=stop.is_set())
             if stop.is_set():
                 return
-            if pending:  # not delivered: try again later, or sooner when more is found
+            # Not delivered: try again later, or sooner when more is found; held signs of a
+            # recovery, when their hold is over.
+            retry = self.config.poll_interval_s
+            wait = retry if pending or self._follow_ups_failed else None
+            held = self._follow_ups.next_due_in(time.monotonic())
+            if held is not None:
+                wait = held if wait is None else min(wait, held)
+            if wait is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(found.wait(), timeout=self.config.poll_interval_s)
+                    await asyncio.wait_for(found.wait(), timeout=wait)
                 found.set()
 
     def _slow_pass(self, what: str, took: float) -> None:
@@ -338,21 +358,24 @@ class Watcher:
         level = logging.WARNING if retryable else logging.ERROR
         logger.log(level, "poll failed", extra={"error": str(exc), "retryable": retryable})
 
-    async def _deliver(self, pending: deque[Detection]) -> None:
+    async def _deliver(self, pending: deque[Detection], *, final: bool = False) -> None:
         """Hand pending detections over: up to ``deliver_parallel`` recoveries at once (a
         switch that takes out a rack interrupts hundreds of jobs together, and each handover
         is a round trip to Temporal), one recovery's detections in order. After a failure
-        nothing new is started; what was not delivered stays pending, in order."""
-        if not pending:
+        nothing new is started; what was not delivered stays pending, in order. Later signs
+        of a recovery already handed over are held and handed over together
+        (watch_handover.py); ``final`` hands over everything held."""
+        if not pending and not len(self._follow_ups):
             return
+        now = time.monotonic()
         groups: dict[str, list[Detection]] = {}
         for det in pending:
             groups.setdefault(det.workflow_id, []).append(det)
+        delivered = {id(det) for det in self._follow_ups.hold(groups, now)}
         gate = asyncio.Semaphore(self.config.deliver_parallel)
-        delivered: set[int] = set()
         failed = False
 
-        async def one_recovery(dets: list[Detection]) -> None:
+        async def one_recovery(workflow_id: str, dets: list[Detection]) -> None:
             nonlocal failed
             async with gate:
                 for det in dets:
@@ -367,8 +390,30 @@ class Watcher:
                         return
                     delivered.add(id(det))
                     logger.info("detection", extra=_fields(det))
+                self._follow_ups.handed(workflow_id, now)
 
-        await asyncio.gather(*(one_recovery(dets) for dets in groups.values()))
+        self._follow_ups_failed = False
+
+        async def follow_ups(workflow_id: str, dets: list[Detection]) -> None:
+            assert self._on_follow_ups is not None
+            async with gate:
+                try:
+                    await self._on_follow_ups(dets)
+                except Exception:
+                    if not self._follow_ups_failed:
+                        logger.exception("handing over held detections failed; retrying")
+                    self._follow_ups_failed = True
+                    return
+            self._follow_ups.delivered(workflow_id)
+            logger.info(
+                "held detections", extra={"workflow_id": workflow_id, "detections": len(dets)}
+            )
+
+        due = self._follow_ups.due(now, everything=final)
+        await asyncio.gather(
+            *(one_recovery(w, dets) for w, dets in groups.items()),
+            *(follow_ups(w, dets) for w, dets in due.items()),
+        )
         left = [det for det in pending if id(det) not in delivered]
         pending.clear()
         pending.extend(left)

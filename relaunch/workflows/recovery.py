@@ -318,6 +318,16 @@ class RecoveryWorkflow:
     @workflow.signal
     async def detection(self, det: Detection) -> None:
         """Another observation of this interruption (the watcher's start-or-join)."""
+        await self._record_detection(det)
+
+    @workflow.signal
+    async def detections(self, dets: list[Detection]) -> None:
+        """Later observations of this interruption, held by the watcher and handed over
+        together (relaunch/workers/watch_handover.py)."""
+        for det in dets:
+            await self._record_detection(det)
+
+    async def _record_detection(self, det: Detection) -> None:
         self._detections += 1
         incident = self._incident or det.workflow_id
         await call(

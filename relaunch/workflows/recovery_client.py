@@ -99,6 +99,18 @@ async def start_or_join(client: Client, config: ClusterConfig, det: Detection) -
     (completed, or stopped by a person): it is never started again, and the late detection is
     dropped. A recovery whose workflow failed (it never reached a terminal stage) is started
     again under the same id."""
+    return await _signal_with_start(client, config, det, "detection", det)
+
+
+async def hand_over(client: Client, config: ClusterConfig, dets: list[Detection]) -> bool:
+    """Signal the job attempt's recovery with several later detections of it at once (signal
+    `detections`), as :func:`start_or_join` does with one."""
+    return await _signal_with_start(client, config, dets[0], "detections", dets)
+
+
+async def _signal_with_start(
+    client: Client, config: ClusterConfig, det: Detection, signal: str, arg: object
+) -> bool:
     workflow_id, latest = await recovery_for(client, det)
     if (
         latest is not None
@@ -118,8 +130,8 @@ async def start_or_join(client: Client, config: ClusterConfig, det: Detection) -
             ),
             id=workflow_id,
             task_queue=task_queue(config.name),
-            start_signal="detection",
-            start_signal_args=[det],
+            start_signal=signal,
+            start_signal_args=[arg],
             # The server's own guard for a run that completed between the look above and now.
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             memo={SUBMITTED_MEMO: _epoch(det.submitted_at)} if det.submitted_at else None,

@@ -70,7 +70,12 @@ async def tier(stack: Stack, request: pytest.FixtureRequest) -> AsyncIterator[Ti
     h = Harness(stack, root, client, audit, getattr(request.module, "POLICY", DEFAULT_POLICY))
     tokens_file = root / "tokens.json"
     token = write_tokens(tokens_file, [("vera", ConsoleRole.VIEWER)])["vera"]
-    updates: dict[str, object] = {"console": ConsoleSettings(tokens_file=str(tokens_file))}
+    updates: dict[str, object] = {
+        "console": ConsoleSettings(tokens_file=str(tokens_file)),
+        # Every detection reaches its recovery's timeline at once: a row's "never detected"
+        # must not pass because a held sign had not been handed over yet.
+        "watch": h.config.watch.model_copy(update={"follow_up_hold_s": 0.0}),
+    }
     ssh_user = getattr(request.module, "SSH_USER", None)
     if ssh_user:
         server: Sshd = request.getfixturevalue("sshd")

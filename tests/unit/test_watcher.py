@@ -18,7 +18,7 @@ from relaunch.detection.signatures import Catalogue, ScanStats, SignatureMatch
 from relaunch.models.errors import ControllerUnavailableError
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState, Node, NodeState
+from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState
 from relaunch.workers.watcher import WatchConfig, Watcher
 
 T0 = datetime(2026, 2, 20, 9, 0, 0, tzinfo=UTC)
@@ -345,6 +345,51 @@ async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
     append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)  # the same failure, said again
     await watcher._report_nodes(watcher.read_logs_once(T0))
     assert len(reports) == 1
+
+
+async def test_later_signs_of_a_handed_over_interruption_are_held_and_handed_over_together(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """The first sign starts the recovery at once; the later ones (here Slurm's job state, then
+    a node state) are held for follow_up_hold_s and handed over in one signal, none lost."""
+    first: list[str] = []
+    together: list[list[str]] = []
+
+    async def on_detection(det: Detection) -> None:
+        first.append(det.kind)
+
+    async def on_follow_ups(dets: list[Detection]) -> None:
+        together.append([d.kind for d in dets])
+
+    config = WatchConfig(
+        cluster="dev",
+        node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log"),
+        follow_up_hold_s=0.3,
+    )
+    watcher = Watcher(config, scheduler, on_detection, on_follow_ups=on_follow_ups)
+    assert await watcher.poll_once(T0) == []
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
+    pending = collections.deque(watcher.read_logs_once(T0))
+    await watcher._deliver(pending)
+    assert first == ["signature:xid_79"] and not pending
+    scheduler.set_node("n2", flags=[NodeFlag.NOT_RESPONDING])
+    pending.extend(await watcher.poll_once(T0))
+    await watcher._deliver(pending)
+    assert not pending and together == []  # held, not lost: it left the pending queue
+    scheduler.set_job(state=JobState.NODE_FAIL, end_time=T0)
+    pending.extend(await watcher.poll_once(T0))
+    await watcher._deliver(pending)
+    assert together == []
+    await asyncio.sleep(0.35)
+    await watcher._deliver(pending)
+    assert together == [["node_state:NOT_RESPONDING", "job_state:NODE_FAIL"]]
+    assert first == ["signature:xid_79"]
+    # When the watcher stops, whatever is held is handed over at once.
+    scheduler.set_job(state=JobState.RUNNING)
+    scheduler.set_job(restart_count=1, state=JobState.PENDING)
+    pending.extend(await watcher.poll_once(T0))
+    await watcher._deliver(pending, final=True)
+    assert together[-1] == ["job_state:REQUEUED"]
 
 
 async def test_a_node_log_is_read_once_per_pass_for_all_its_jobs(

@@ -349,6 +349,36 @@ async def _until_rows(rig: Rig, incident: str, n: int) -> None:
     raise AssertionError(f"fewer than {n} late_decision rows for {incident}")
 
 
+async def test_later_detections_handed_over_together_each_reach_the_timeline(rig: Rig) -> None:
+    job = _job()
+    handle = await _start(rig, job, timeout_s=60)
+    await _until(handle, _at(Stage.AWAITING_APPROVAL), "awaiting approval")
+    later = [
+        Detection(
+            cluster=CLUSTER,
+            job_id=job,
+            attempt=0,
+            source=source,
+            kind=kind,
+            detected_at=datetime.now(UTC),
+        )
+        for source, kind in [
+            (DetectionSource.PROBE, "node_unreachable"),
+            (DetectionSource.SCHEDULER, "job_state:NODE_FAIL"),
+        ]
+    ]
+    await handle.signal(RecoveryWorkflow.detections, later)  # the watcher's held signs
+    await _until(handle, lambda s: s.detections == 2, "both detections")
+    kinds = [d.detection.kind for d in rig.fakes.detections if d.incident_id == handle.id]
+    assert kinds == ["node_unreachable", "job_state:NODE_FAIL"]
+    await handle.execute_update(
+        RecoveryWorkflow.decide,
+        DecisionInput(decision=Decision.REJECT, approval=Approval(by="ana")),
+    )
+    await handle.result()
+    await _replays(handle)
+
+
 async def test_approval_deadline_is_fixed_when_the_wait_starts(rig: Rig) -> None:
     job = _job()
     handle = await _start(rig, job, timeout_s=60)
