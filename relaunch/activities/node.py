@@ -269,11 +269,12 @@ class NodeActivities:
         if report is None:
             raise ValueError("plan_node needs the first join or the watcher's report")
         unreachable = inp.node in await unreachable_now(self.deps.prober(), [node] if node else [])
-        if report.source is DetectionSource.PROBE and not unreachable:
+        if node is None or (report.source is DetectionSource.PROBE and not unreachable):
+            seen = "unreachable" if report.source is DetectionSource.PROBE else "failed"
             await self.deps.audit_row(
                 inp.decision_id,
                 "node_report",
-                f"the watcher reported {inp.node} unreachable ({report.text}), but "
+                f"the watcher reported {inp.node} {seen} ({report.text}), but "
                 f"{'Slurm does not list it' if node is None else 'a fresh probe had an answer'}"
                 ": not convicted on the report; the verdicts of its jobs decide",
                 dedupe="node_report",

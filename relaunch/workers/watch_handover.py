@@ -1,22 +1,46 @@
-"""Later detections of an interruption the watcher has already handed over, held and handed over
-together.
+"""What the watcher hands over besides a job's first detection: reports of failed nodes to their
+node decisions, and the later signs of an interruption, held and handed over together.
 
-One interruption shows several signs a few seconds apart: a node's Xid line, then its probes
-failing, then Slurm's job and node states, then the job's requeue. The first sign starts the
-job attempt's recovery at once. Each later one used to be a signal of its own, and each signal a
-workflow task and an audit row: when a rack fails, 500 recoveries got some 1,400 of them in the
-first minute, on the same server and worker as the recoveries themselves. Now the later signs of
-a recovery this watcher handed over are held for ``hold_s`` from the first of them and handed over
-together, in one `detections` signal: every one still reaches the recovery's timeline, a few
-seconds later. Nothing decides on them there (the recovery reads the job, its nodes and their logs
-itself), so nothing waits for them either.
+**Node reports.** When what the job's user cannot write says a node failed (the probes have no
+answer from its slurmd, or its own kernel log has an Xid the catalogue drains a node for), the
+node is reported to its node decision (relaunch/workflows/node_decision.py) at once, beside the
+handover of the jobs' detections, once per node in ``REPORT_QUIET_S``: the decision drains the
+node while the recoveries of its jobs are still starting. Job output never leads to a report.
+
+**Later signs.** One interruption shows several signs a few seconds apart: a node's Xid line,
+then its probes failing, then Slurm's job and node states, then the job's requeue. The first
+sign starts the job attempt's recovery at once. Each later one used to be a signal of its own,
+and each signal a workflow task and an audit row: when a rack fails, 500 recoveries got some
+1,400 of them in the first minute, on the same server and worker as the recoveries themselves.
+Now the later signs of a recovery this watcher handed over are held for ``hold_s`` from the
+first of them and handed over together, in one `detections` signal: every one still reaches
+the recovery's timeline, a few seconds later. Nothing decides on them there (the recovery reads
+the job, its nodes and their logs itself), so nothing waits for them either.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from relaunch.models.recovery import Detection
+from relaunch.detection.attribution import xid_remedy
+from relaunch.detection.signatures import Role, SignatureMatch
+from relaunch.detection.xids import Outcome
+from relaunch.models.node_decision import NodeReport
+from relaunch.models.recovery import Detection, DetectionSource
+from relaunch.models.scheduler import Job
+
+logger = logging.getLogger("relaunch.workers.watcher")
+
+NodeReportHandler = Callable[[NodeReport], Awaitable[None]]
+# A node is reported at most once in this long: the failure's later signs (more Xid lines, the
+# probes of a node still down) would reach the same node decision, which stays open this long
+# after its last join (workflows/node_decision.py, JOIN_WINDOW).
+REPORT_QUIET_S = 600.0
 
 # Recoveries remembered as handed over; the oldest are forgotten beyond this (a later sign of
 # one of those is then handed over at once, as a first one is: nothing is lost).
@@ -76,3 +100,101 @@ class FollowUps:
 
     def __len__(self) -> int:
         return sum(len(h.detections) for h in self._held.values())
+
+
+class NodeReports:
+    """The watcher's reports of failed nodes (see the module docstring). ``running_on`` gives
+    the watched jobs running on a node (their partitions set the decision's mode)."""
+
+    def __init__(
+        self, handler: NodeReportHandler | None, running_on: Callable[[str], list[Job]]
+    ) -> None:
+        self._handler = handler
+        self._running_on = running_on
+        # node → when it was last reported (monotonic): one report per node and failure.
+        self._reported: dict[str, float] = {}
+        # Xid lines of nodes' own kernel logs that drain a node, found since the last report.
+        self._xids: dict[str, NodeReport] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def kernel_log(self, node: str, matches: list[SignatureMatch]) -> None:
+        """Keep the first line of the node's own kernel log in ``matches`` that the Xid
+        catalogue drains a node for, to report the node with the next detections."""
+        if self._handler is None or node in self._xids:
+            return
+        for match in matches:
+            if match.role is Role.ROOT and match.xid_outcome is Outcome.DRAIN:
+                self._xids[node] = NodeReport(
+                    node=node,
+                    source=DetectionSource.NODE_LOG,
+                    kind=f"signature:{match.signature}",
+                    category=match.category,
+                    text=match.text[:500],
+                    remedy=xid_remedy(match),
+                    failing_since=match.timestamp,
+                    detected_at=datetime.now(UTC),
+                )
+                return
+
+    def start(self, new: list[Detection]) -> None:
+        """Report, in a task of its own, the nodes that ``new`` (and the kernel logs read with
+        it) say failed: a report never waits behind hundreds of recoveries being started."""
+        if self._handler is None:
+            return
+        task = asyncio.create_task(self.report(new))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def wait(self, timeout: float) -> None:
+        """Let the reports under way finish (the watcher is stopping)."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout)
+
+    async def report(self, detections: Iterable[Detection]) -> None:
+        """Report each node that failed by what the job's user cannot write (trusted), once
+        per node and failure: the probes call it unreachable, or its own kernel log has an Xid
+        the catalogue drains a node for. A report that fails is said (and made again with the
+        failure's next sign); the jobs' recoveries still join the decision."""
+        handler = self._handler
+        if handler is None:
+            return
+        found, self._xids = list(self._xids.values()), {}
+        for det in detections:
+            if det.source is DetectionSource.PROBE and det.kind == "node_unreachable":
+                found.extend(
+                    NodeReport(
+                        node=node,
+                        kind=det.kind,
+                        text=det.text,
+                        failing_since=det.fault_time,
+                        detected_at=det.detected_at,
+                    )
+                    for node in det.nodes
+                )
+        reports: dict[str, NodeReport] = {}
+        now = time.monotonic()
+        for report in found:
+            last = self._reported.get(report.node)
+            if report.node in reports or (last is not None and now - last < REPORT_QUIET_S):
+                continue
+            running = self._running_on(report.node)
+            reports[report.node] = report.model_copy(
+                update={
+                    "partitions": sorted({j.partition for j in running if j.partition}),
+                    "jobs": len(running),
+                }
+            )
+            self._reported[report.node] = now  # under way: a concurrent pass does not repeat it
+
+        async def one(report: NodeReport) -> None:
+            try:
+                await handler(report)
+            except Exception:
+                logger.exception("reporting node %s failed", report.node)
+                self._reported.pop(report.node, None)
+                return
+            logger.info(
+                "node report", extra={"node": report.node, "kind": report.kind, "jobs": report.jobs}
+            )
+
+        await asyncio.gather(*(one(r) for r in reports.values()))

@@ -31,6 +31,9 @@ Choices worth knowing:
   the floor for that job only (5 s to 7 days; a bad value is ignored with one warning).
 - Nodes that die without a word (slurmd probes, node agents' heartbeats) are followed by
   :class:`relaunch.workers.watch_liveness.Liveness`; see that module.
+- A node that failed by trusted evidence is also reported to its node decision, and the later
+  signs of an interruption already handed over are held and handed over together:
+  relaunch/workers/watch_handover.py.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -52,18 +55,15 @@ from relaunch.connectors.liveness import LivenessMonitor
 from relaunch.connectors.logs import FileTail
 from relaunch.connectors.slurm.commands import LINEAGE_KEY
 from relaunch.connectors.telemetry import TelemetryTail
-from relaunch.detection.attribution import xid_remedy
 from relaunch.detection.findings import normalise_host, telemetry_findings
 from relaunch.detection.progress import MAX_RANKS, ProgressTracker
 from relaunch.detection.signatures import MAX_LINE, Catalogue, Culprit, Role, SignatureMatch
-from relaunch.detection.xids import Outcome
 from relaunch.models.config import (
     HANG_FLOOR_WHY,
     LAG_FLOOR_WHY,
     JobOutputSettings,
 )
 from relaunch.models.errors import RelaunchError
-from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import (
     MAX_AFTER_S,
@@ -74,7 +74,7 @@ from relaunch.models.scheduler import (
     NodeState,
     watched,
 )
-from relaunch.workers.watch_handover import FollowUps
+from relaunch.workers.watch_handover import FollowUps, NodeReportHandler, NodeReports
 from relaunch.workers.watch_liveness import Liveness
 from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream, WatchStats
 
@@ -92,12 +92,7 @@ class SchedulerView(Protocol):
 
 
 DetectionHandler = Callable[[Detection], Awaitable[None]]
-NodeReportHandler = Callable[[NodeReport], Awaitable[None]]
 FollowUpHandler = Callable[[list[Detection]], Awaitable[None]]
-# A node is reported at most once in this long: the failure's later signs (more Xid lines, the
-# probes of a node still down) would reach the same node decision, which stays open this long
-# after its last join (workflows/node_decision.py, JOIN_WINDOW).
-REPORT_QUIET_S = 600.0
 
 
 class WatchConfig(BaseModel):
@@ -171,17 +166,12 @@ class Watcher:
         self.stats = WatchStats()
         self._scheduler = scheduler
         self._on_detection = on_detection
-        self._on_node_report = on_node_report
         self._on_follow_ups = on_follow_ups
         self._follow_ups = FollowUps(config.follow_up_hold_s if on_follow_ups else 0.0)
         self._follow_ups_failed = False
-        # node → when it was last reported (monotonic): one report per node and failure.
-        self._reported: dict[str, float] = {}
-        # Xid lines of nodes' own kernel logs that drain a node, found in this pass.
-        self._xid_found: dict[str, NodeReport] = {}
-        self._reporting: set[asyncio.Task[None]] = set()
         self._catalogue = catalogue or Catalogue.load()
         self._jobs: dict[str, JobWatch] = {}
+        self._reports = NodeReports(on_node_report, self._running_on)
         self._nodes: dict[str, NodeFeed] = {}
         self._pass = 0
         self._slow_said_at = -math.inf
@@ -284,7 +274,7 @@ class Watcher:
                         new = self.read_logs_once()
                         self._slow_pass("log read", time.monotonic() - began)
                     if new:
-                        self._start_reports(new)
+                        self._reports.start(new)
                         pending.extend(new)
                         found.set()
                 except RelaunchError as exc:
@@ -312,8 +302,7 @@ class Watcher:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
-            if self._reporting:
-                await asyncio.wait(self._reporting, timeout=10)
+            await self._reports.wait(timeout=10)
             found.set()  # a last handover of what is pending, then stop
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(handover, timeout=10)
@@ -418,86 +407,13 @@ class Watcher:
         pending.clear()
         pending.extend(left)
 
-    def _xid_drains(self, node: str, matches: list[SignatureMatch]) -> None:
-        """Keep the first line of the node's own kernel log in this pass that the Xid catalogue
-        drains a node for, to report the node (see ``_report_nodes``)."""
-        if self._on_node_report is None or node in self._xid_found:
-            return
-        for match in matches:
-            if match.role is Role.ROOT and match.xid_outcome is Outcome.DRAIN:
-                self._xid_found[node] = NodeReport(
-                    node=node,
-                    source=DetectionSource.NODE_LOG,
-                    kind=f"signature:{match.signature}",
-                    category=match.category,
-                    text=match.text[:500],
-                    remedy=xid_remedy(match),
-                    failing_since=match.timestamp,
-                    detected_at=datetime.now(UTC),
-                )
-                return
-
-    def _start_reports(self, new: list[Detection]) -> None:
-        """Report the nodes ``new`` says failed now, beside the handover of the jobs'
-        detections: a report never waits behind hundreds of recoveries being started."""
-        if self._on_node_report is None:
-            return
-        task = asyncio.create_task(self._report_nodes(new))
-        self._reporting.add(task)
-        task.add_done_callback(self._reporting.discard)
-
-    async def _report_nodes(self, pending: Iterable[Detection]) -> None:
-        """Report each node that failed by what the job's user cannot write (trusted) to its
-        node decision, once per node and failure: the probes call it unreachable, or its own
-        kernel log has an Xid the catalogue drains a node for. The decision drains the node
-        while the recoveries of its jobs are still starting. A report that fails is said; the
-        jobs' recoveries still join the decision."""
-        if self._on_node_report is None:
-            return
-        found, self._xid_found = list(self._xid_found.values()), {}
-        for det in pending:
-            if det.source is DetectionSource.PROBE and det.kind == "node_unreachable":
-                found.extend(
-                    NodeReport(
-                        node=node,
-                        kind=det.kind,
-                        text=det.text,
-                        failing_since=det.fault_time,
-                        detected_at=det.detected_at,
-                    )
-                    for node in det.nodes
-                )
-        reports: dict[str, NodeReport] = {}
-        now = time.monotonic()
-        for report in found:
-            last = self._reported.get(report.node)
-            if report.node in reports or (last is not None and now - last < REPORT_QUIET_S):
-                continue
-            running = [
-                w.job
-                for w in self._jobs.values()
-                if report.node in w.job.nodes and w.job.state is JobState.RUNNING
-            ]
-            reports[report.node] = report.model_copy(
-                update={
-                    "partitions": sorted({j.partition for j in running if j.partition}),
-                    "jobs": len(running),
-                }
-            )
-        handler = self._on_node_report
-
-        async def one(report: NodeReport) -> None:
-            try:
-                await handler(report)
-            except Exception:
-                logger.exception("reporting node %s failed", report.node)
-                return
-            self._reported[report.node] = time.monotonic()
-            logger.info(
-                "node report", extra={"node": report.node, "kind": report.kind, "jobs": report.jobs}
-            )
-
-        await asyncio.gather(*(one(r) for r in reports.values()))
+    def _running_on(self, node: str) -> list[Job]:
+        """The watched jobs RUNNING on ``node``."""
+        return [
+            w.job
+            for w in self._jobs.values()
+            if node in w.job.nodes and w.job.state is JobState.RUNNING
+        ]
 
     # ---------------------------------------------------------------- one job
 
@@ -647,7 +563,7 @@ class Watcher:
                 )
                 if match.role in REPORTED_ROLES
             ]
-            self._xid_drains(node, feed.matches)
+            self._reports.kernel_log(node, feed.matches)
         if feed.telemetry is not None:
             samples = feed.telemetry.read()
             if first_read:

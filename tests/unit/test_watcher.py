@@ -325,13 +325,13 @@ async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
     append(tmp_path / "nodes" / "n1" / "kern.log", XID_79.replace("79,", "13,", 1))
     append(Path(scheduler.jobs[0].stdout_path), XID_79)  # the job's own say-so
     found = watcher.read_logs_once(T0)
-    await watcher._report_nodes(found)
+    await watcher._reports.report(found)
     await watcher._deliver(collections.deque(found))
     assert reports == []
     append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
     found = watcher.read_logs_once(T0)
     assert ("signature:xid_79", ["n2"]) in [(d.kind, d.nodes) for d in found]
-    await watcher._report_nodes(found)
+    await watcher._reports.report(found)
     await watcher._deliver(collections.deque(found))
     [report] = reports
     assert (report.node, report.source, report.kind, report.remedy) == (
@@ -343,7 +343,7 @@ async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
     assert (report.jobs, report.partitions) == (1, ["debug"])
     assert "fallen off the bus" in report.text
     append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)  # the same failure, said again
-    await watcher._report_nodes(watcher.read_logs_once(T0))
+    await watcher._reports.report(watcher.read_logs_once(T0))
     assert len(reports) == 1
 
 

@@ -198,7 +198,7 @@ async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
         await monitor.probe_once()
     found = watcher.read_logs_once()
     assert sorted(d.job_id for d in found) == ["201", "202"]
-    await watcher._report_nodes(found)
+    await watcher._reports.report(found)
     await watcher._deliver(collections.deque(found))
     # One report for the node (what the probes saw, its watched jobs), and the jobs' own.
     assert sorted(order) == ["job 201", "job 202", "node n2"]
@@ -206,7 +206,7 @@ async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
     assert (report.node, report.jobs, report.partitions) == ("n2", 2, ["debug", "gpu"])
     assert report.failing_since == found[0].fault_time and "refused ×3" in report.text
     # The same failure is not reported again (a later detection of it, a redelivery).
-    await watcher._report_nodes(found)
+    await watcher._reports.report(found)
     await watcher._deliver(collections.deque(found))
     assert len(reports) == 1
 
