@@ -311,6 +311,13 @@ class NodeActivities:
         policy = inp.policy
         started = time.monotonic()
         beat(f"batch {inp.batch}: {len(inp.jobs)} jobs")
+        if inp.out_of_service:
+            nodes = await self.deps.scheduler.list_nodes()
+            node = next((n for n in nodes if n.name == inp.node), None)
+            if node is not None and not node.drain_flag and node.responding:
+                # Someone resumed the node since the decision took it out: these jobs' failure
+                # is a new one, which this decision (and its approval) does not cover.
+                return RequeueBatchResult(results=[], back_in_service=node.display_state)
         since = datetime.now(UTC) - timedelta(hours=policy.budget_window_hours)
         counts = await self.deps.audit.restarts_by_job(
             inp.cluster, [j.job_id for j in inp.jobs], since

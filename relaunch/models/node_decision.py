@@ -242,6 +242,11 @@ class RequeueBatchInput(BaseModel):
     batch: int = Field(description="the batch's number in this decision (1, 2, ...)")
     jobs: list[BatchJob]
     policy: Policy
+    out_of_service: bool = Field(
+        default=False,
+        description="the decision took the node out (or found it out): requeue only while it "
+        "still is, since a node put back in service and failing again is a new failure",
+    )
 
 
 class BatchResult(BaseModel):
@@ -256,6 +261,11 @@ class BatchResult(BaseModel):
 
 class RequeueBatchResult(BaseModel):
     results: list[BatchResult]
+    back_in_service: str | None = Field(
+        default=None,
+        description="the node's state when someone put it back in service after the decision "
+        "took it out: nothing was requeued (the node's new failure is not this decision's)",
+    )
 
 
 class JoinInput(BaseModel):

@@ -111,6 +111,8 @@ class NodeDecisionWorkflow:
         self._final: tuple[JobOutcome, str] | None = None
         self._report: NodeReport | None = None
         self._isolates_at_plan = False
+        # Set when the node turned out to be back in service: why the decision closed.
+        self._back = ""
 
     # ------------------------------------------------------------------ messages
 
@@ -279,26 +281,28 @@ class NodeDecisionWorkflow:
                 f"node decision for {inp.node}: reported by the watcher ({report.text})",
                 report=report,
             )
-            if not plan.convicted:  # the node answered the decision's own probe
+            if plan is not None and not plan.convicted:  # it answered the decision's own probe
                 plan = None
                 if not await self._joined_within_window():
                     await self._stage_to(Stage.NO_ACTION, f"{inp.node} not convicted: no action")
                     return self.status()
-        if plan is None:
+        if plan is None and self._final is None:
             first = self._pending[0]
             plan = await self._plan_drain(
                 f"node decision for {inp.node}: convicted by {first.recovery_id} "
                 f"({first.category.value})",
                 first=first,
             )
-        self._plan = plan
-        workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
-        if plan.isolated is not None:  # planned and isolated in one step (PLAN_ISOLATES)
-            self._final = None if plan.isolated.ok else (JobOutcome.HOLD, plan.isolated.detail)
-        else:
-            self._final = await self._decide(plan)
-            if self._final is None:
-                self._final = await self._isolate(plan)
+        if plan is not None:
+            self._plan = plan
+            workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
+            if plan.isolated is not None:  # planned and isolated in one step (PLAN_ISOLATES)
+                ok = plan.isolated.ok
+                self._final = None if ok else (JobOutcome.HOLD, plan.isolated.detail)
+            else:
+                self._final = await self._decide(plan)
+                if self._final is None:
+                    self._final = await self._isolate(plan)
         if self._final is None:
             await self._stage_to(Stage.ACTING, f"requeueing the jobs of {inp.node} in batches")
         else:  # every job that joins, now or later, is told the same
@@ -308,10 +312,11 @@ class NodeDecisionWorkflow:
 
     async def _plan_drain(
         self, summary: str, *, first: JoinRequest | None = None, report: NodeReport | None = None
-    ) -> NodePlan:
+    ) -> NodePlan | None:
         """Plan the drain from the first job that joined or from the watcher's report. With
         PLAN_ISOLATES, `plan_node` records the planning stage and, where no person need approve,
-        isolates the node too: one activity between the failure and the drain."""
+        isolates the node too: one activity between the failure and the drain. None when that
+        failed (every job's recovery then goes on alone, as when `isolate` fails)."""
         inp = self._input
         assert inp is not None
         plan_input = NodePlanInput(
@@ -328,12 +333,20 @@ class NodeDecisionWorkflow:
             plan_input = plan_input.model_copy(update={"isolate": True, "stage_summary": summary})
         else:
             await self._stage_to(Stage.PLANNING, summary)
-        return await call(
-            NodeActivities.plan_node,
-            plan_input,
-            ACT if self._isolates_at_plan else INVESTIGATE,
-            f"plan the decision for {inp.node}",
-        )
+        if not self._isolates_at_plan:
+            return await call(
+                NodeActivities.plan_node,
+                plan_input,
+                INVESTIGATE,
+                f"plan the decision for {inp.node}",
+            )
+        try:
+            return await call(
+                NodeActivities.plan_node, plan_input, ACT, f"plan and isolate {inp.node}"
+            )
+        except ActivityError as err:
+            self._final = (JobOutcome.FAILED, f"planning and isolating {inp.node} failed: {err}")
+            return None
 
     async def _decide(self, plan: NodePlan) -> tuple[JobOutcome, str] | None:
         """The guard and, in monitor mode, a person: None to go ahead, else every job's fate."""
@@ -455,7 +468,12 @@ class NodeDecisionWorkflow:
                     ),
                 )
             for start in range(0, len(mine), BATCH_MAX):
-                await self._requeue(mine[start : start + BATCH_MAX])
+                if not await self._requeue(mine[start : start + BATCH_MAX]):
+                    # The node is back in service: this decision is over. The jobs of its new
+                    # failure that joined meanwhile go on alone; later ones start the next.
+                    rest = mine[start + BATCH_MAX :] + self._take_pending()
+                    await self._tell(rest, self._update(JobOutcome.FAILED, self._back))
+                    return
 
     def _requeues(self, request: JoinRequest) -> bool:
         """Whether this decision requeues the job: it names this node to, and either a person
@@ -467,7 +485,9 @@ class NodeDecisionWorkflow:
             return False
         return self._decision is not None or request.mode is Mode.AUTONOMOUS
 
-    async def _requeue(self, batch: list[JoinRequest]) -> None:
+    async def _requeue(self, batch: list[JoinRequest]) -> bool:
+        """Requeue one batch and tell each job its outcome; False when the node turned out to
+        be back in service (nothing requeued, each job told to go on alone)."""
         inp = self._input
         assert inp is not None
         self._batches += 1
@@ -490,6 +510,7 @@ class NodeDecisionWorkflow:
                         for r in batch
                     ],
                     policy=inp.policy,
+                    out_of_service=True,
                 ),
                 REQUEUE,
                 f"requeue {len(batch)} jobs (batch {self._batches})",
@@ -500,7 +521,14 @@ class NodeDecisionWorkflow:
             await self._tell(
                 batch, self._update(JobOutcome.FAILED, f"batch {self._batches} failed: {err}")
             )
-            return
+            return True
+        if result.back_in_service is not None:
+            self._back = (
+                f"{inp.node} is back in service ({result.back_in_service}) since {self._id} "
+                "took it out: a new failure, which the job's own recovery decides"
+            )
+            await self._tell(batch, self._update(JobOutcome.FAILED, self._back))
+            return False
         self._requeued += sum(1 for r in result.results if r.outcome is JobOutcome.REQUEUED)
         await self._send(
             [
@@ -513,6 +541,7 @@ class NodeDecisionWorkflow:
                 for done in result.results
             ]
         )
+        return True
 
     def _final_stage(self) -> Stage:
         assert self._final is not None
@@ -529,7 +558,7 @@ class NodeDecisionWorkflow:
             stage = Stage.DONE
             self._outcome = (
                 f"{inp.node} isolated; {self._requeued} of {len(self._joined)} jobs requeued "
-                f"in {self._batches} batches"
+                f"in {self._batches} batches" + (f"; closed: {self._back}" if self._back else "")
             )
         else:
             stage = self._final_stage()

@@ -35,6 +35,7 @@ from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.connectors.temporal import NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.config import ClusterConfig
+from relaunch.models.errors import InvalidNameError
 from relaunch.models.node_decision import (
     BatchJob,
     JobOutcome,
@@ -531,6 +532,57 @@ async def test_a_reported_xid_in_the_nodes_own_kernel_log_drains_a_node_that_sti
     [plan] = rig.audit.of(decision, "plan")
     assert "convicted by its own kernel log" in plan.summary and "reboot" in plan.summary
     assert plan.data["fence_nodes"] == []
+
+
+async def test_a_drain_that_fails_in_plan_node_fails_the_decisions_jobs_not_the_decision(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    rig.sched.set_node("n12", address="127.0.0.1", port=_closed_port())
+
+    async def refused(name: str, reason: str) -> None:
+        raise InvalidNameError(f"node name {name!r} refused by the test")
+
+    monkeypatch.setattr(rig.sched, "drain_node", refused)
+    decision = await NodeDecisionSignals(rig.client).send(
+        rig.cluster, "n12", policy, "report", _report("n12", 1)
+    )
+    handle = rig.client.get_workflow_handle(decision)
+    for _ in range(300):
+        status = await handle.query("status", result_type=NodeDecisionStatus)
+        if status.stage is Stage.FAILED:
+            break
+        await asyncio.sleep(0.1)
+    # The decision is still open (jobs that join are told to go on alone), and says why.
+    assert status.stage is Stage.FAILED, status
+    [row] = [r for r in rig.audit.of(decision, "stage") if r.stage == "failed"]
+    assert "planning and isolating n12 failed" in row.summary
+    assert not rig.sched.nodes["n12"].drain_flag
+    await handle.terminate("test over")
+
+
+async def test_a_node_put_back_in_service_fails_again_under_its_next_decision(rig: Rig) -> None:
+    """The decision stays open for late joiners, but not past its node's return: a job of the
+    node's new failure is not requeued onto it by the old decision, which closes; the next
+    failure's jobs start the node's next decision, which drains it again."""
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    first = await start(rig, jobs_on(rig, "n14", 2, 1400), policy)
+    await until_all(first, lambda s: s.stage is Stage.DONE, "the first failure recovered")
+    decision = node_decision_id(rig.cluster, "n14", 1)
+    rig.sched.set_node("n14", flags=[], reason="")  # repaired and resumed by an operator
+    [late] = await start(rig, jobs_on(rig, "n14", 1, 1500), policy)
+    handle = rig.client.get_workflow_handle_for(NodeDecisionWorkflow.run, decision)
+    closed = await asyncio.wait_for(handle.result(), timeout=60)
+    assert closed.stage is Stage.DONE and "back in service" in closed.outcome
+    assert rig.sched.jobs["1500"].restart_count == 0  # not requeued onto the resumed node
+    [told] = [r for r in rig.audit.of(late.id, "node_decision") if "back in service" in r.summary]
+    assert decision in told.summary
+    await late.terminate("its own plan is not this test's")
+    # The node's next failure: its next decision drains it again.
+    again = await start(rig, jobs_on(rig, "n14", 1, 1600), policy)
+    [status] = await until_all(again, lambda s: s.stage is Stage.DONE, "the next failure")
+    assert status.node_decision == node_decision_id(rig.cluster, "n14", 2)
+    assert [r.incident_id for r in drains(rig, "n14")] == [decision, status.node_decision]
 
 
 async def test_a_batch_retried_after_its_worker_died_counts_each_requeue_once() -> None:
