@@ -1,6 +1,7 @@
 """`relaunch watch`: the watcher process for one cluster. Each detection starts or joins the
-job attempt's RecoveryWorkflow; a node its probes find gone is reported to the node's
-NodeDecisionWorkflow first."""
+job attempt's RecoveryWorkflow (later ones held and handed over together); a node that failed
+by trusted evidence (its probes, an Xid in its own kernel log) is reported at once to the
+node's NodeDecisionWorkflow."""
 
 from __future__ import annotations
 
