@@ -44,6 +44,7 @@ from relaunch.models.recovery import (
     GuardDecision,
     Mode,
     Policy,
+    RecordEventInput,
     Stage,
 )
 from relaunch.models.scheduler import ActionResult, JobState, Node
@@ -241,16 +242,18 @@ class NodeActivities:
     async def _stage_row(self, inp: NodePlanInput, stage: Stage, summary: str) -> None:
         """The decision's stage row, as its workflow writes it (`_stage_to`)."""
         parsed = parse_node_decision_id(inp.decision_id)
-        await self.deps.audit.ensure_incident(
-            inp.decision_id, inp.cluster, "", parsed[2] if parsed else 0
-        )
-        await self.deps.audit_row(
-            inp.decision_id,
-            "stage",
-            summary,
-            stage=stage.value,
-            nodes=[inp.node],
-            dedupe=f"stage:{stage.value}",
+        await self.evidence.record_event(
+            RecordEventInput(
+                incident_id=inp.decision_id,
+                cluster=inp.cluster,
+                job_id="",
+                attempt=parsed[2] if parsed else 0,
+                kind="stage",
+                summary=summary,
+                stage=stage.value,
+                nodes=[inp.node],
+                dedupe=f"stage:{stage.value}",
+            )
         )
 
     async def _conviction(self, inp: NodePlanInput, node: Node | None) -> Conviction | None:

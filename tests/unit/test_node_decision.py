@@ -95,11 +95,7 @@ pytestmark = pytest.mark.skipif(
 
 
 class Audit(MemoryAudit):
-    """MemoryAudit plus what node decisions use: batch rows, restart counts, incidents."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.incidents: dict[str, tuple[str, str, int]] = {}
+    """MemoryAudit plus what node decisions use: batch rows and restart counts."""
 
     async def record_many(self, rows: list[tuple[AuditRecord, str | None]]) -> int:
         return sum([await self.record(r, dedupe_key=k) for r, k in rows])
@@ -108,11 +104,6 @@ class Audit(MemoryAudit):
         self, cluster: str, job_ids: list[str], since: datetime
     ) -> dict[str, tuple[int, int]]:
         return {j: (0, 0) for j in job_ids}
-
-    async def ensure_incident(
-        self, incident_id: str, cluster: str, job_id: str, attempt: int
-    ) -> None:
-        self.incidents.setdefault(incident_id, (cluster, job_id, attempt))
 
     def of(self, incident: str, kind: str) -> list[StoredEvent]:
         return [r for r in self.rows if r.incident_id == incident and r.kind == kind]
