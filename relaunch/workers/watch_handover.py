@@ -63,6 +63,8 @@ class FollowUps:
 
     def handed(self, workflow_id: str, now: float) -> None:
         """A first sign of ``workflow_id`` was handed over at ``now``."""
+        if self.hold_s <= 0:  # nothing is held: nothing to remember
+            return
         self._handed[workflow_id] = now
         if len(self._handed) > MAX_REMEMBERED:  # dicts keep insertion order: oldest first
             for old in list(self._handed)[: len(self._handed) - MAX_REMEMBERED]:

@@ -381,8 +381,6 @@ class Watcher:
                     logger.info("detection", extra=_fields(det))
                 self._follow_ups.handed(workflow_id, now)
 
-        self._follow_ups_failed = False
-
         async def follow_ups(workflow_id: str, dets: list[Detection]) -> None:
             assert self._on_follow_ups is not None
             async with gate:
@@ -394,6 +392,7 @@ class Watcher:
                     self._follow_ups_failed = True
                     return
             self._follow_ups.delivered(workflow_id)
+            self._follow_ups_failed = False  # said once per outage, not at every retry
             logger.info(
                 "held detections", extra={"workflow_id": workflow_id, "detections": len(dets)}
             )
