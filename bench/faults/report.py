@@ -754,7 +754,8 @@ def write(
 # ---------------------------------------------------------------------------- the burst suite
 
 # The burst before node decisions, for comparison: measured on this machine at git 84a7e11
-# (--scale-only, 500 jobs), and REPORT.md's last full run (git 445556a's successors).
+# (--scale-only, 500 jobs); with node decisions and reports, before the requeues ahead of the
+# joins (the suite at 5a12ce6); and REPORT.md's last full run before node decisions.
 EARLIER: list[tuple[str, Row]] = [
     (
         "before node decisions (git 84a7e11, `--scale-only`, this machine)",
@@ -765,6 +766,18 @@ EARLIER: list[tuple[str, Row]] = [
             "requeue": (106.9, 161.7, 170.3),
             "worker_cpu_s": 184.0,
             "temporal_cpu_s": 69.0,
+        },
+    ),
+    (
+        "node decisions and node reports, before requeues ahead of the joins (git 5a12ce6, "
+        "burst.md's suite, 1 worker process)",
+        {
+            "jobs": 500,
+            "detect": (0.95, 3.59),
+            "first_action": (6.2, 6.6),
+            "requeue": (23.6, 35.3, 36.8),
+            "worker_cpu_s": 37.1,
+            "temporal_cpu_s": 26.6,
         },
     ),
     (

@@ -44,14 +44,13 @@ from relaunch.models.scheduler import Job, Node
 LOG_TAIL_BYTES = 4 * 1024 * 1024
 NODE_LOG_TAIL_BYTES = 1024 * 1024
 # The evidence step's own probe of the job's nodes (see _unreachable).
+# The evidence of an attempt the job has moved on from (requeued since) reads its nodes' kernel
+# logs from this long before its first detection.
+MOVED_ON_LOOKBACK = timedelta(minutes=10)
 PROBE_TRIES = 2
 PROBE_PAUSE_S = 0.5
 PROBE_TIMEOUT_S = 1.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
 
 
 async def _file_evidence(job: Job, start: int, config: ClusterConfig) -> FileEvidence:
@@ -163,7 +162,27 @@ class EvidenceActivities:
         sched = self.deps.scheduler
         # The brief listing (squeue's text, shared by concurrent readers) has every field the
         # evidence uses; the JSON listing costs 4x as much to read and parse.
-        job, nodes = await asyncio.gather(sched.get_job_brief(inp.job_id), sched.list_nodes())
+        job, nodes, events = await asyncio.gather(
+            sched.get_job_brief(inp.job_id),
+            sched.list_nodes(),
+            self.deps.audit.events(inp.incident_id),
+        )
+        live = job.restart_count
+        if live > inp.attempt:
+            # Requeued since this attempt failed (by a node decision, ahead of this recovery,
+            # or by Slurm): the live record is a later attempt's, on other nodes. The evidence
+            # is this attempt's: the nodes its detections named, its restart count.
+            # Its node logs are read from MOVED_ON_LOOKBACK before its first detection (the
+            # live record's start time is the later attempt's).
+            seen = [e for e in events if e.kind == "detection"]
+            first = min((e.at for e in seen), default=datetime.now(UTC))
+            job = job.model_copy(
+                update={
+                    "nodes": sorted({n for e in seen for n in e.nodes}),
+                    "restart_count": inp.attempt,
+                    "start_time": first - MOVED_ON_LOOKBACK,
+                }
+            )
         by_name = {n.name: n for n in nodes}
         allocated = [by_name[n] for n in job.nodes if n in by_name]
         unreachable = await self._unreachable(allocated)
@@ -182,7 +201,6 @@ class EvidenceActivities:
         checkpoint = await asyncio.to_thread(
             last_checkpoint, job_log, self.deps.config.watch.progress_pattern
         )
-        events = await self.deps.audit.events(inp.incident_id)
         bundle_job = BundleJob(
             cluster=inp.cluster,
             job_id=job.job_id,
@@ -219,7 +237,7 @@ class EvidenceActivities:
                 restart_count=job.restart_count,
                 stdout_path=job.stdout_path,
                 last_checkpoint_step=checkpoint,
-                max_restarts=_int_or_none(job.comment_fields.get("max_restarts")),
+                max_restarts=job.max_restarts,
             ),
             node_states=bundle_job.node_states,
             unreachable_nodes=unreachable,
@@ -228,7 +246,8 @@ class EvidenceActivities:
             inp.incident_id,
             "evidence",
             f"job {job.job_id} {job.state.value} on {','.join(job.nodes) or '-'}; bundle {path}"
-            + (f"; refused to read {', '.join(refused)}" if refused else ""),
+            + (f"; refused to read {', '.join(refused)}" if refused else "")
+            + (f"; requeued since this attempt (restart {live} now)" if live > inp.attempt else ""),
             dedupe="evidence",
             nodes=job.nodes,
             data={

@@ -23,6 +23,8 @@ from relaunch.connectors.temporal import NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.errors import JobNotFoundError, SchedulerError
 from relaunch.models.node_decision import (
+    Ahead,
+    BatchJob,
     BatchResult,
     Investigation,
     JobOutcome,
@@ -31,6 +33,7 @@ from relaunch.models.node_decision import (
     JoinRequest,
     NodePlan,
     NodePlanInput,
+    NodeReport,
     RequeueBatchInput,
     RequeueBatchResult,
     parse_node_decision_id,
@@ -62,6 +65,11 @@ class Conviction:
 
 
 _RESTARTS = re.compile(r"\brestarts=(\d+)")
+# The note of a requeue found done once past what the recovery saw, with no row of it.
+_BEFORE = (
+    "requeued once since the recovery began (an earlier attempt of this step, or a node "
+    "decision ahead of the join)"
+)
 
 
 class NodeActivities:
@@ -237,7 +245,73 @@ class NodeActivities:
             act = ActInput(incident_id=inp.decision_id, cluster=inp.cluster, plan=plan.isolation())
             isolated = await ActionActivities(self.deps).isolate(act)
             plan = plan.model_copy(update={"isolated": isolated})
+            told = inp.report
+            if inp.requeue_ahead and isolated.ok and conviction.unreachable and told:
+                # Drained and fenced, its slurmd silent to a fresh probe: Slurm ends every
+                # job there. Requeue the watched ones now, not as their recoveries join.
+                ahead = await self._requeue_ahead(inp, told)
+                plan = plan.model_copy(update={"ahead": ahead})
         return plan
+
+    async def _requeue_ahead(self, inp: NodePlanInput, report: NodeReport) -> list[Ahead]:
+        """Requeue the report's jobs (each within its restart budget) with one batch, ahead of
+        their recoveries' joins; one row in the decision's incident. Each job's own restart row
+        is written when its recovery joins (`requeue_batch`), dated by the requeue."""
+        policy = inp.policy
+        jobs = report.running
+        if not jobs:
+            return []
+        started = time.monotonic()
+        beat(f"requeue {len(jobs)} jobs ahead")
+        budget_since = datetime.now(UTC) - timedelta(hours=policy.budget_window_hours)
+        counts = await self.deps.audit.restarts_by_job(
+            inp.cluster, [j.job_id for j in jobs], budget_since
+        )
+        cancelled = await self._cancelled([j.job_id for j in jobs])
+        go: dict[str, int] = {}
+        for job in jobs:
+            ever, recent = counts[job.job_id]
+            if job.job_id in cancelled:
+                continue  # someone cancelled it: its recovery is told so when it joins
+            if _budget_used(job.restart_count, ever, recent) < _budget(policy, job.max_restarts):
+                go[job.job_id] = job.restart_count
+            # else: its recovery joins, and the batch's budget check holds it, with a row
+        done = await self.deps.scheduler.requeue_jobs(go) if go else {}
+        at = datetime.now(UTC)
+        ahead: list[Ahead] = []
+        for job_id, result in done.items():
+            if _requeued_before(result, go[job_id]):  # an earlier attempt of this step did it
+                result = result.model_copy(
+                    update={"changed": True, "note": "requeued by an earlier attempt of this step"}
+                )
+            if result.changed:
+                ahead.append(
+                    Ahead(job_id=job_id, expected_restart_count=go[job_id], result=result, at=at)
+                )
+        took = time.monotonic() - started
+        outcomes = {
+            job_id: ("requeued" if r.changed else r.note or "unchanged")
+            for job_id, r in done.items()
+        }
+        left = [j.job_id for j in jobs if j.job_id not in go]
+        await self.deps.audit_row(
+            inp.decision_id,
+            "requeue_batch",
+            f"batch 0: {len(ahead)} of {len(jobs)} jobs requeued in {took:.1f} s, ahead of "
+            f"their recoveries' joins ({inp.node} isolated, its slurmd silent to a fresh probe)"
+            + (f"; {len(left)} left to their joins (cancelled, or budget spent)" if left else ""),
+            dedupe=f"{inp.decision_id}:requeue_batch:0",
+            nodes=[inp.node],
+            data={
+                "batch": 0,
+                "ahead": True,
+                "jobs": [j.job_id for j in jobs],
+                "outcomes": outcomes,
+                "left": left,
+                "took_s": round(took, 3),
+            },
+        )
+        return ahead
 
     async def _stage_row(self, inp: NodePlanInput, stage: Stage, summary: str) -> None:
         """The decision's stage row, as its workflow writes it (`_stage_to`)."""
@@ -311,25 +385,102 @@ class NodeActivities:
     async def requeue_batch(self, inp: RequeueBatchInput) -> RequeueBatchResult:
         """Requeue a batch of the decision's jobs with one `scontrol requeue` (verified with
         one listing), each within its restart budget; one audit row in each job's incident."""
-        policy = inp.policy
         started = time.monotonic()
         beat(f"batch {inp.batch}: {len(inp.jobs)} jobs")
-        if inp.out_of_service:
-            nodes = await self.deps.scheduler.list_nodes()
-            node = next((n for n in nodes if n.name == inp.node), None)
-            if node is not None and not node.drain_flag and node.responding:
-                # Someone resumed the node since the decision took it out: these jobs' failure
-                # is a new one, which this decision (and its approval) does not cover.
-                return RequeueBatchResult(results=[], back_in_service=node.display_state)
-        since = datetime.now(UTC) - timedelta(hours=policy.budget_window_hours)
-        counts = await self.deps.audit.restarts_by_job(
-            inp.cluster, [j.job_id for j in inp.jobs], since
-        )
         results: dict[str, BatchResult] = {}
         rows: list[tuple[AuditRecord, str | None]] = []
-        go: dict[str, int] = {}
-        cancelled = await self._cancelled(inp)
         for job in inp.jobs:
+            if job.ahead is not None:  # requeued by plan_node: only its row is left to write
+                results[job.recovery_id], row = self._ahead_row(inp, job, job.ahead)
+                rows.append(row)
+        rest = [j for j in inp.jobs if j.ahead is None]
+        if rest:
+            back = await self._back_in_service(inp)
+            if back is not None:
+                # Someone resumed the node since the decision took it out: these jobs' failure
+                # is a new one, which this decision (and its approval) does not cover.
+                await self.deps.audit.record_many(rows)
+                return RequeueBatchResult(results=list(results.values()), back_in_service=back)
+            await self._requeue_rest(inp, rest, results, rows)
+        took = time.monotonic() - started
+        ahead = len(inp.jobs) - len(rest)
+        requeued = sum(1 for r in results.values() if r.changed) - ahead
+        rows.append(
+            (
+                self._row(
+                    inp.decision_id,
+                    "requeue_batch",
+                    f"batch {inp.batch}: {requeued} of {len(rest)} jobs requeued in {took:.1f} s"
+                    + (f"; {ahead} joined that batch 0 requeued ahead" if ahead else ""),
+                    {
+                        "batch": inp.batch,
+                        "jobs": [j.job_id for j in inp.jobs],
+                        "ahead": [j.job_id for j in inp.jobs if j.ahead is not None],
+                        "outcomes": {r.job_id: r.outcome.value for r in results.values()},
+                        "took_s": round(took, 3),
+                    },
+                ),
+                f"{inp.decision_id}:requeue_batch:{inp.batch}",
+            )
+        )
+        await self.deps.audit.record_many(rows)
+        return RequeueBatchResult(results=list(results.values()))
+
+    def _ahead_row(
+        self, inp: RequeueBatchInput, job: BatchJob, ahead: Ahead
+    ) -> tuple[BatchResult, tuple[AuditRecord, str | None]]:
+        """The result and the job's restart row for a job plan_node requeued ahead of its join:
+        the row is dated when Slurm requeued it."""
+        result = ahead.result
+        detail = f"requeued ahead of the join by node decision {inp.decision_id} (batch 0)"
+        row = self._row(
+            job.recovery_id,
+            "action",
+            f"{result.action} {result.target}: done ({detail})",
+            {
+                "step": "restart",
+                **result.model_dump(mode="json"),
+                "node_decision": inp.decision_id,
+                "batch": 0,
+                "ahead": True,
+            },
+        ).model_copy(update={"at": ahead.at})
+        key = f"{job.recovery_id}:action:restart:{result.action}:{result.target}"
+        done = BatchResult(
+            recovery_id=job.recovery_id,
+            job_id=job.job_id,
+            outcome=JobOutcome.REQUEUED,
+            changed=True,
+            detail=detail,
+        )
+        return done, (row, key)
+
+    async def _back_in_service(self, inp: RequeueBatchInput) -> str | None:
+        """The node's state when someone put it back in service after the decision took it out
+        (``out_of_service``); None otherwise."""
+        if not inp.out_of_service:
+            return None
+        nodes = await self.deps.scheduler.list_nodes()
+        node = next((n for n in nodes if n.name == inp.node), None)
+        if node is not None and not node.drain_flag and node.responding:
+            return node.display_state
+        return None
+
+    async def _requeue_rest(
+        self,
+        inp: RequeueBatchInput,
+        jobs: list[BatchJob],
+        results: dict[str, BatchResult],
+        rows: list[tuple[AuditRecord, str | None]],
+    ) -> None:
+        """Requeue ``jobs`` (none requeued ahead) with one `scontrol requeue`, each within its
+        restart budget, adding each one's result and audit row."""
+        policy = inp.policy
+        since = datetime.now(UTC) - timedelta(hours=policy.budget_window_hours)
+        counts = await self.deps.audit.restarts_by_job(inp.cluster, [j.job_id for j in jobs], since)
+        go: dict[str, int] = {}
+        cancelled = await self._cancelled([j.job_id for j in jobs])
+        for job in jobs:
             if job.job_id in cancelled:
                 # Someone cancelled the job after its recovery began (while the decision
                 # awaited approval, say): a requeue would undo their decision.
@@ -342,10 +493,8 @@ class NodeActivities:
                 )
                 continue
             ever, recent = counts[job.job_id]
-            used = max(0, job.expected_restart_count - ever) + recent
-            budget = policy.restart_budget
-            if job.max_restarts is not None:
-                budget = min(budget, job.max_restarts)
+            used = _budget_used(job.expected_restart_count, ever, recent)
+            budget = _budget(policy, job.max_restarts)
             if used >= budget:
                 detail = (
                     f"restart_budget: {used} of {budget} restarts used in "
@@ -371,18 +520,16 @@ class NodeActivities:
             else:
                 go[job.job_id] = job.expected_restart_count
         done = await self.deps.scheduler.requeue_jobs(go) if go else {}
-        took = time.monotonic() - started
-        for job in inp.jobs:
+        for job in jobs:
             if job.job_id not in done:
                 continue
             result = done[job.job_id]
             if _requeued_before(result, job.expected_restart_count):
                 # Requeued once since the decision saw it, and no row says so: an earlier
                 # attempt of this batch that died before recording it (a worker killed
-                # mid-batch). The trail, and the restart budget that reads it, count it.
-                result = result.model_copy(
-                    update={"changed": True, "note": "requeued by an earlier attempt of this step"}
-                )
+                # mid-batch), or, for a job that blamed two nodes, the other node's decision
+                # ahead of the join. The trail, and the restart budget that reads it, count it.
+                result = result.model_copy(update={"changed": True, "note": _BEFORE})
             ok = result.changed or result.note in {"already requeued", "already pending"}
             results[job.recovery_id] = BatchResult(
                 recovery_id=job.recovery_id,
@@ -411,28 +558,8 @@ class NodeActivities:
                     f"{job.recovery_id}:action:restart:{result.action}:{result.target}",
                 )
             )
-        requeued = sum(1 for r in results.values() if r.changed)
-        rows.append(
-            (
-                self._row(
-                    inp.decision_id,
-                    "requeue_batch",
-                    f"batch {inp.batch}: {requeued} of {len(inp.jobs)} jobs requeued "
-                    f"in {took:.1f} s",
-                    {
-                        "batch": inp.batch,
-                        "jobs": [j.job_id for j in inp.jobs],
-                        "outcomes": {r.job_id: r.outcome.value for r in results.values()},
-                        "took_s": round(took, 3),
-                    },
-                ),
-                f"{inp.decision_id}:requeue_batch:{inp.batch}",
-            )
-        )
-        await self.deps.audit.record_many(rows)
-        return RequeueBatchResult(results=list(results.values()))
 
-    async def _cancelled(self, inp: RequeueBatchInput) -> set[str]:
+    async def _cancelled(self, job_ids: list[str]) -> set[str]:
         """The batch's jobs Slurm lists CANCELLED (one shared listing for all of them)."""
         sched = self.deps.scheduler
 
@@ -442,8 +569,8 @@ class NodeActivities:
             except JobNotFoundError:
                 return None
 
-        states = await asyncio.gather(*(state(j.job_id) for j in inp.jobs))
-        return {j.job_id for j, s in zip(inp.jobs, states, strict=True) if s is JobState.CANCELLED}
+        states = await asyncio.gather(*(state(j) for j in job_ids))
+        return {j for j, s in zip(job_ids, states, strict=True) if s is JobState.CANCELLED}
 
     def _row(
         self, incident_id: str, kind: str, summary: str, data: dict[str, object]
@@ -455,6 +582,19 @@ class NodeActivities:
             summary=summary,
             data=data,
         )
+
+
+def _budget_used(restart_count: int, ever: int, recent: int) -> int:
+    """The restarts a job has used of its budget: Relaunch's in the budget's window (``recent``)
+    and the ones Slurm counts that Relaunch did not do (``restart_count`` beyond ``ever``)."""
+    return max(0, restart_count - ever) + recent
+
+
+def _budget(policy: Policy, max_restarts: int | None) -> int:
+    """The job's restart budget: the policy's, or less where the job asks for fewer."""
+    return (
+        policy.restart_budget if max_restarts is None else min(policy.restart_budget, max_restarts)
+    )
 
 
 def _requeued_before(result: ActionResult, expected: int) -> bool:

@@ -31,6 +31,7 @@ from relaunch.models.recovery import (
     StepOutcome,
     Verdict,
 )
+from relaunch.models.scheduler import ActionResult
 
 _NODE_DECISION = re.compile(r"relaunch-(?P<cluster>.+)-node-(?P<node>.+)-(?P<n>[0-9]+)")
 
@@ -81,6 +82,19 @@ class JoinRequest(BaseModel):
     mode: Mode = Field(description="the job's own mode (its partition's and category's)")
 
 
+class ReportedJob(BaseModel):
+    """A watched job running on a reported node, on that node alone of the nodes the watcher
+    reported: the node's decision may requeue it ahead of its recovery's join (see
+    ``NodeReport.running``)."""
+
+    model_config = STRICT
+
+    job_id: str
+    partition: str = ""
+    restart_count: int = Field(description="the job's restart count as the watcher saw it")
+    max_restarts: int | None = None
+
+
 class NodeReport(BaseModel):
     """The watcher's own finding that a node failed (the `report` signal), from what the job's
     user cannot write: its probes had no answer from the node's slurmd (source ``probe``), or
@@ -105,6 +119,15 @@ class NodeReport(BaseModel):
         default_factory=list, description="the partitions of the watched jobs running there"
     )
     jobs: int = Field(default=0, description="watched jobs running on the node")
+    running: list[ReportedJob] = Field(
+        default_factory=list,
+        max_length=2000,
+        description="the watched jobs running on the node whose other nodes the watcher did not "
+        "report: once the decision has drained and fenced the node (its slurmd silent to a "
+        "fresh probe, so Slurm ends every job there), it requeues them at once, ahead of their "
+        "recoveries' joins (a job on two reported nodes waits for its join: no two decisions "
+        "requeue one job)",
+    )
 
 
 class NodeDecisionInput(BaseModel):
@@ -171,6 +194,10 @@ class NodePlan(BaseModel):
         description="what `isolate` did, when plan_node isolated the node at once (asked to, "
         "and no person need approve: autonomous mode, the guard allows)",
     )
+    ahead: list[Ahead] = Field(
+        default_factory=list,
+        description="the jobs requeued ahead of their joins (``NodePlanInput.requeue_ahead``)",
+    )
 
     def isolation(self) -> ActionPlan:
         """This plan as the `isolate` activity takes it (guard re-check, drain, fence)."""
@@ -211,6 +238,11 @@ class NodePlanInput(BaseModel):
     stage_summary: str | None = Field(
         default=None, description="record the decision's planning stage with this summary first"
     )
+    requeue_ahead: bool = Field(
+        default=False,
+        description="once the node is isolated on a report confirmed by a fresh probe, requeue "
+        "the report's jobs (``NodeReport.running``) in the same activity",
+    )
 
 
 class NodeActInput(BaseModel):
@@ -219,6 +251,19 @@ class NodeActInput(BaseModel):
     decision_id: str
     cluster: str
     plan: NodePlan
+
+
+class Ahead(BaseModel):
+    """A job the decision requeued ahead of its recovery's join (plan_node, from the watcher's
+    report): what Slurm did and when. The job's own restart row is written when its recovery
+    joins, dated when the requeue happened."""
+
+    model_config = STRICT
+
+    job_id: str
+    expected_restart_count: int
+    result: ActionResult
+    at: datetime
 
 
 class BatchJob(BaseModel):
@@ -231,6 +276,10 @@ class BatchJob(BaseModel):
     expected_restart_count: int
     max_restarts: int | None = None
     exclude_nodes: list[str] = Field(default_factory=list)
+    ahead: Ahead | None = Field(
+        default=None,
+        description="requeued ahead of the join: the batch only records it in the job's trail",
+    )
 
 
 class RequeueBatchInput(BaseModel):

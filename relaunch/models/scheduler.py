@@ -221,6 +221,13 @@ class Job(BaseModel):
                 fields[key] = value
         return fields
 
+    @property
+    def max_restarts(self) -> int | None:
+        """The job's own restart budget (``--comment relaunch=on,max_restarts=N``), if any."""
+        value = self.comment_fields.get("max_restarts", "")
+        # The job's user writes it: nine digits at most (a budget, not a number to parse).
+        return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None
+
 
 # Per-job limits a job's comment may set (seconds, or with a unit: 90s, 10m, 2h); each only
 # ever affects the job whose comment says it.

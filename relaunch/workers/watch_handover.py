@@ -3,9 +3,11 @@ node decisions, and the later signs of an interruption, held and handed over tog
 
 **Node reports.** When what the job's user cannot write says a node failed (the probes have no
 answer from its slurmd, or its own kernel log has an Xid the catalogue drains a node for), the
-node is reported to its node decision (relaunch/workflows/node_decision.py) at once, beside the
-handover of the jobs' detections, once per node in ``REPORT_QUIET_S``: the decision drains the
-node while the recoveries of its jobs are still starting. Job output never leads to a report.
+node is reported to its node decision (relaunch/workflows/node_decision.py) at once, ahead of
+the handover of the jobs' detections, once per node in ``REPORT_QUIET_S``: the decision drains
+the node while the recoveries of its jobs are still starting. The report lists the node's
+watched jobs that run on no other reported node: once the decision has fenced the node (its
+slurmd silent to a fresh probe), it requeues them at once. Job output never leads to a report.
 
 **Later signs.** One interruption shows several signs a few seconds apart: a node's Xid line,
 then its probes failing, then Slurm's job and node states, then the job's requeue. The first
@@ -30,7 +32,7 @@ from datetime import UTC, datetime
 from relaunch.detection.attribution import xid_remedy
 from relaunch.detection.signatures import Role, SignatureMatch
 from relaunch.detection.xids import Outcome
-from relaunch.models.node_decision import NodeReport
+from relaunch.models.node_decision import NodeReport, ReportedJob
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job
 
@@ -41,6 +43,13 @@ NodeReportHandler = Callable[[NodeReport], Awaitable[None]]
 # probes of a node still down) would reach the same node decision, which stays open this long
 # after its last join (workflows/node_decision.py, JOIN_WINDOW).
 REPORT_QUIET_S = 600.0
+# The jobs' handover waits at most this long for the node reports made with them to go out.
+REPORT_LEAD_S = 2.0
+# A log pass that found a node report in a kernel log lets it go out (its signal sent; the
+# answer may come later) for at most this long before reading the jobs' logs.
+REPORT_SEND_S = 0.05
+# At most this many of a node's jobs go with its report (NodeReport.running); any more join.
+REPORT_JOBS_MAX = 2000
 
 # Recoveries remembered as handed over; the oldest are forgotten beyond this (a later sign of
 # one of those is then handed over at once, as a first one is: nothing is lost).
@@ -138,6 +147,11 @@ class NodeReports:
                 )
                 return
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a node's kernel log gave a report not yet made."""
+        return bool(self._xids)
+
     def start(self, new: list[Detection]) -> None:
         """Report, in a task of its own, the nodes that ``new`` (and the kernel logs read with
         it) say failed: a report never waits behind hundreds of recoveries being started."""
@@ -187,6 +201,20 @@ class NodeReports:
                 }
             )
             self._reported[report.node] = now  # under way: a concurrent pass does not repeat it
+        # The jobs each decision may requeue ahead of their joins: those on no other node
+        # reported (now or lately), so that no two decisions requeue one job.
+        out = {n for n, at in self._reported.items() if now - at < REPORT_QUIET_S}
+        for node, report in reports.items():
+            alone = [j for j in self._running_on(node) if not (set(j.nodes) - {node}) & out]
+            report.running = [
+                ReportedJob(
+                    job_id=j.job_id,
+                    partition=j.partition,
+                    restart_count=j.restart_count,
+                    max_restarts=j.max_restarts,
+                )
+                for j in alone[:REPORT_JOBS_MAX]
+            ]
 
         async def one(report: NodeReport) -> None:
             try:

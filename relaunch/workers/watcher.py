@@ -74,7 +74,13 @@ from relaunch.models.scheduler import (
     NodeState,
     watched,
 )
-from relaunch.workers.watch_handover import FollowUps, NodeReportHandler, NodeReports
+from relaunch.workers.watch_handover import (
+    REPORT_LEAD_S,
+    REPORT_SEND_S,
+    FollowUps,
+    NodeReportHandler,
+    NodeReports,
+)
 from relaunch.workers.watch_liveness import Liveness
 from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream, WatchStats
 
@@ -222,12 +228,25 @@ class Watcher:
         self._slow_pass("poll", self.stats.last_poll_s)
         return found
 
-    def read_logs_once(self, now: datetime | None = None) -> list[Detection]:
-        """Between polls: read what watched jobs' logs gained since the last read, without
-        asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll)."""
-        found: list[Detection] = []
+    def begin_log_pass(self) -> bool:
+        """Start a log pass: read each watched node's feed first (each is read once a pass),
+        so that a node report its kernel log gives can go out before the pass over hundreds of
+        jobs' logs; whether one is waiting to."""
         self._pass += 1
         self._liveness.refresh()
+        for node in {n for watch in self._jobs.values() for n in watch.job.nodes}:
+            self._feed(node)
+        return self._reports.waiting
+
+    def read_logs_once(
+        self, now: datetime | None = None, *, begun: bool = False
+    ) -> list[Detection]:
+        """Between polls: read what watched jobs' logs gained since the last read, without
+        asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll).
+        ``begun``: :meth:`begin_log_pass` started this pass."""
+        if not begun:
+            self.begin_log_pass()
+        found: list[Detection] = []
         for watch in self._jobs.values():
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
             # and a line read late in it must not look detected before it was written.
@@ -271,7 +290,12 @@ class Watcher:
                         new = done.result()
                     else:
                         began = time.monotonic()
-                        new = self.read_logs_once()
+                        if self.begin_log_pass():
+                            # A node's own kernel log says it failed: report it now, while
+                            # the pass reads the logs of its jobs (and maybe hundreds more).
+                            self._reports.start([])
+                            await self._reports.wait(timeout=REPORT_SEND_S)
+                        new = self.read_logs_once(begun=True)
                         self._slow_pass("log read", time.monotonic() - began)
                     if new:
                         self._reports.start(new)
@@ -315,6 +339,9 @@ class Watcher:
         while True:
             await found.wait()
             found.clear()
+            # The node reports go first: one decision per node drains it (and requeues its jobs)
+            # while the recoveries of hundreds of jobs would still be queued at the server.
+            await self._reports.wait(timeout=REPORT_LEAD_S)
             await self._deliver(pending, final=stop.is_set())
             if stop.is_set():
                 return

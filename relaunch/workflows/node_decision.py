@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from relaunch.activities.evidence import EvidenceActivities
     from relaunch.activities.node import NodeActivities
     from relaunch.models.node_decision import (
+        Ahead,
         BatchJob,
         JobOutcome,
         JoinRequest,
@@ -70,6 +71,11 @@ with workflow.unsafe.imports_passed_through():
 # when a rack fails, each workflow task of the decision waits behind hundreds of the
 # recoveries', and every job's first action is this drain. Older histories replay unpatched.
 PLAN_ISOLATES = "node-plan-isolates"
+# Decisions started after this patch, on a report that a fresh probe confirms, requeue the
+# report's jobs as soon as the node is isolated (in plan_node), instead of as their recoveries
+# join: a rack's jobs are back in the queue seconds after the failure, not after hundreds of
+# recoveries have gathered their evidence. The joins then only complete each job's trail.
+REQUEUE_AHEAD = "node-requeue-ahead"
 
 # How long a decision stays open after its last join: later detections of the same failure
 # (a job whose recovery was slow to start, a straggler's hang) join it instead of starting the
@@ -111,6 +117,8 @@ class NodeDecisionWorkflow:
         self._final: tuple[JobOutcome, str] | None = None
         self._report: NodeReport | None = None
         self._isolates_at_plan = False
+        # The jobs plan_node requeued ahead of their joins, by job id (REQUEUE_AHEAD).
+        self._ahead: dict[str, Ahead] = {}
         # Set when the node turned out to be back in service: why the decision closed.
         self._back = ""
 
@@ -330,7 +338,13 @@ class NodeDecisionWorkflow:
         if self._isolates_at_plan:
             self._stage = Stage.PLANNING
             workflow.upsert_search_attributes(stage_attributes(Stage.PLANNING))
-            plan_input = plan_input.model_copy(update={"isolate": True, "stage_summary": summary})
+            plan_input = plan_input.model_copy(
+                update={
+                    "isolate": True,
+                    "stage_summary": summary,
+                    "requeue_ahead": report is not None and workflow.patched(REQUEUE_AHEAD),
+                }
+            )
         else:
             await self._stage_to(Stage.PLANNING, summary)
         if not self._isolates_at_plan:
@@ -341,12 +355,14 @@ class NodeDecisionWorkflow:
                 f"plan the decision for {inp.node}",
             )
         try:
-            return await call(
+            plan = await call(
                 NodeActivities.plan_node, plan_input, ACT, f"plan and isolate {inp.node}"
             )
         except ActivityError as err:
             self._final = (JobOutcome.FAILED, f"planning and isolating {inp.node} failed: {err}")
             return None
+        self._ahead = {a.job_id: a for a in plan.ahead}
+        return plan
 
     async def _decide(self, plan: NodePlan) -> tuple[JobOutcome, str] | None:
         """The guard and, in monitor mode, a person: None to go ahead, else every job's fate."""
@@ -457,8 +473,11 @@ class NodeDecisionWorkflow:
                 outcome, detail = self._final
                 await self._tell(taken, self._update(outcome, detail))
                 continue
-            mine = [r for r in taken if self._requeues(r)]
-            others = [r for r in taken if not self._requeues(r)]
+            # A job requeued ahead of its join was requeued: its batch only writes its row.
+            ahead = [r for r in taken if r.requeue_by == inp.node and self._ahead_of(r)]
+            rest = [r for r in taken if not (r.requeue_by == inp.node and self._ahead_of(r))]
+            mine = [r for r in rest if self._requeues(r)]
+            others = [r for r in rest if not self._requeues(r)]
             if others:
                 await self._tell(
                     others,
@@ -467,11 +486,12 @@ class NodeDecisionWorkflow:
                         f"{inp.node} isolated by {self._id}; the job's own recovery goes on",
                     ),
                 )
-            for start in range(0, len(mine), BATCH_MAX):
-                if not await self._requeue(mine[start : start + BATCH_MAX]):
+            batches = [ahead, *(mine[s : s + BATCH_MAX] for s in range(0, len(mine), BATCH_MAX))]
+            for i, batch in enumerate(batches):
+                if batch and not await self._requeue(batch):
                     # The node is back in service: this decision is over. The jobs of its new
                     # failure that joined meanwhile go on alone; later ones start the next.
-                    rest = mine[start + BATCH_MAX :] + self._take_pending()
+                    rest = [r for b in batches[i + 1 :] for r in b] + self._take_pending()
                     await self._tell(rest, self._update(JobOutcome.FAILED, self._back))
                     return
 
@@ -484,6 +504,14 @@ class NodeDecisionWorkflow:
         if request.requeue_by != inp.node:
             return False
         return self._decision is not None or request.mode is Mode.AUTONOMOUS
+
+    def _ahead_of(self, request: JoinRequest) -> Ahead | None:
+        """The requeue plan_node did for this job ahead of its join, if it was of the attempt
+        the job's recovery is about (the same restart count)."""
+        ahead = self._ahead.get(request.job_id)
+        if ahead is None or ahead.expected_restart_count != request.expected_restart_count:
+            return None
+        return ahead
 
     async def _requeue(self, batch: list[JoinRequest]) -> bool:
         """Requeue one batch and tell each job its outcome; False when the node turned out to
@@ -506,6 +534,7 @@ class NodeDecisionWorkflow:
                             expected_restart_count=r.expected_restart_count,
                             max_restarts=r.max_restarts,
                             exclude_nodes=r.exclude_nodes,
+                            ahead=self._ahead_of(r),
                         )
                         for r in batch
                     ],

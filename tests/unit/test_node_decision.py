@@ -15,7 +15,7 @@ import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -40,7 +40,9 @@ from relaunch.models.node_decision import (
     BatchJob,
     JobOutcome,
     NodeDecisionStatus,
+    NodePlanInput,
     NodeReport,
+    ReportedJob,
     RequeueBatchInput,
     node_decision_id,
     node_task_queue,
@@ -105,6 +107,11 @@ class Audit(MemoryAudit):
     ) -> dict[str, tuple[int, int]]:
         return {j: (0, 0) for j in job_ids}
 
+    async def ensure_incident(
+        self, incident_id: str, cluster: str, job_id: str, attempt: int
+    ) -> None:
+        return None
+
     def of(self, incident: str, kind: str) -> list[StoredEvent]:
         return [r for r in self.rows if r.incident_id == incident and r.kind == kind]
 
@@ -116,6 +123,7 @@ class Rig:
     cluster: str
     sched: FakeScheduler
     audit: Audit
+    origin: dict[str, list[str]] = field(default_factory=dict)  # each job's first nodes
 
 
 class Evidence:
@@ -124,6 +132,7 @@ class Evidence:
 
     def __init__(self, rig: Rig) -> None:
         self.rig = rig
+        self.nodes: dict[str, list[str]] = {}  # each incident's evidence: its attempt's nodes
 
     @activity.defn(name="record_detection")
     async def record_detection(self, inp: RecordDetectionInput) -> bool:
@@ -148,6 +157,10 @@ class Evidence:
     @activity.defn(name="gather_evidence")
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
         job = await self.rig.sched.get_job(inp.job_id)
+        if job.restart_count > inp.attempt:  # requeued since: the attempt's, as the real one
+            job = job.model_copy(
+                update={"nodes": self.rig.origin[job.job_id], "restart_count": inp.attempt}
+            )
         snap = JobSnapshot(
             job_id=job.job_id,
             state=job.state.value,
@@ -155,11 +168,12 @@ class Evidence:
             nodes=job.nodes,
             restart_count=job.restart_count,
         )
-        return EvidenceSummary(incident_id=inp.incident_id, bundle_path=inp.job_id, job=snap)
+        self.nodes[inp.incident_id] = job.nodes
+        return EvidenceSummary(incident_id=inp.incident_id, bundle_path=inp.incident_id, job=snap)
 
     @activity.defn(name="attribute")
     async def attribute(self, inp: AttributeInput) -> Verdict:
-        node = (await self.rig.sched.get_job(inp.bundle_path)).nodes[0]
+        node = self.nodes[inp.bundle_path][0]
         return Verdict(
             category=Category.GPU_HARDWARE,
             culprit_nodes=[node],
@@ -248,6 +262,7 @@ async def rig() -> AsyncIterator[Rig]:
 def jobs_on(rig: Rig, node: str, count: int, first: int) -> list[str]:
     ids = [str(first + i) for i in range(count)]
     for job_id in ids:
+        rig.origin[job_id] = [node]
         rig.sched.jobs[job_id] = Job(
             job_id=job_id,
             user="alice",
@@ -469,6 +484,72 @@ async def test_the_watchers_report_drains_the_node_before_any_job_joins(rig: Rig
     await replays(rig.client, decision, "node_decision_reported")
 
 
+async def test_a_fenced_nodes_reported_jobs_are_requeued_before_their_recoveries_join(
+    rig: Rig,
+) -> None:
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    rig.sched.set_node("n15", address="127.0.0.1", port=_closed_port())
+    ids = jobs_on(rig, "n15", 5, 1700)
+    # The watcher lists the node's jobs that run on no other reported node (watch_handover.py).
+    running = [ReportedJob(job_id=j, partition="gpu", restart_count=0) for j in ids]
+    report = _report("n15", 5).model_copy(update={"running": running})
+    decision = await NodeDecisionSignals(rig.client).send(
+        rig.cluster, "n15", policy, "report", report
+    )
+    [ahead] = await _until_rows(rig, decision, "requeue_batch")
+    # Drained, fenced, and every job requeued, before any job's recovery has even started.
+    assert ahead.data["ahead"] is True and "5 of 5 jobs requeued" in ahead.summary
+    assert sorted(rig.sched.requeues) == sorted(ids)
+    assert rig.sched.nodes["n15"].drain_flag and rig.audit.kinds("node_decision") == []
+    requeued_at = ahead.at
+
+    # The recoveries join: each is told its job was requeued, which they verify; nothing is
+    # requeued twice, and each job's trail has its one restart, dated when it happened.
+    handles = await start(rig, ids, policy)
+    done = await until_all(handles, lambda s: s.stage is Stage.DONE, "every recovery done")
+    assert {s.node_decision for s in done} == {decision}
+    assert sorted(rig.sched.requeues) == sorted(ids)
+    for handle in handles:
+        [restart] = [r for r in rig.audit.of(handle.id, "action") if r.data["step"] == "restart"]
+        assert restart.data["changed"] and restart.data["ahead"] is True
+        assert "requeued ahead of the join" in restart.summary
+        assert restart.at <= requeued_at
+    status = await rig.client.get_workflow_handle(decision).query(
+        "status", result_type=NodeDecisionStatus
+    )
+    assert status.requeued == 5 and sorted(status.covers) == sorted(h.id for h in handles)
+    await replays(rig.client, decision, "node_decision_requeued_ahead")
+
+
+async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> None:
+    """An Xid in the node's own kernel log drains it, but its slurmd answers: its jobs may still
+    run, so none is requeued until its own recovery (a detected interruption) joins."""
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    rig.sched.set_node("n16", address="127.0.0.1", port=server.sockets[0].getsockname()[1])
+    ids = jobs_on(rig, "n16", 2, 1800)
+    report = _report("n16", 2).model_copy(
+        update={
+            "source": DetectionSource.NODE_LOG,
+            "kind": "signature:xid_79",
+            "category": Category.GPU_HARDWARE,
+            "text": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+            "running": [ReportedJob(job_id=j, partition="gpu", restart_count=0) for j in ids],
+        }
+    )
+    try:
+        decision = await NodeDecisionSignals(rig.client).send(
+            rig.cluster, "n16", policy, "report", report
+        )
+        await _until_rows(rig, decision, "action")
+        await asyncio.sleep(1)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert rig.sched.nodes["n16"].drain_flag
+    assert rig.sched.requeues == [] and rig.audit.of(decision, "requeue_batch") == []
+
+
 async def test_a_report_a_fresh_probe_does_not_confirm_convicts_nothing(rig: Rig) -> None:
     policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
@@ -613,6 +694,52 @@ async def test_a_batch_retried_after_its_worker_died_counts_each_requeue_once() 
         ("relaunch-dev-702-0", True),
     ]
     assert "earlier attempt" in next(r.summary for r in rows if "701" in r.incident_id)
+
+
+async def test_a_requeue_ahead_spares_cancelled_jobs_and_spent_budgets() -> None:
+    """plan_node's requeue ahead of the joins: a job someone cancelled and a job whose own
+    budget is spent are left to their recoveries' joins (which say why); the others are
+    requeued once, and a retried plan_node requeues nothing twice."""
+    sched = FakeScheduler(
+        nodes=[Node(name="n3", state=NodeState.IDLE, address="127.0.0.1", port=_closed_port())]
+    )
+    for job_id, state in (("31", JobState.RUNNING), ("32", JobState.CANCELLED)):
+        sched.jobs[job_id] = Job(job_id=job_id, state=state, nodes=["n3"], requeue_allowed=True)
+    sched.jobs["33"] = Job(
+        job_id="33",
+        state=JobState.RUNNING,
+        nodes=["n3"],
+        requeue_allowed=True,
+        comment="relaunch=on,max_restarts=0",
+    )
+    audit = Audit()
+    config = ClusterConfig(name="dev", database_url="postgresql://unused", bundle_dir="/tmp")
+    deps = Deps(config=config, scheduler=sched, audit=cast(AuditStore, audit))
+    report = _report("n3", 3).model_copy(
+        update={
+            "running": [
+                ReportedJob(job_id=j.job_id, restart_count=0, max_restarts=j.max_restarts)
+                for j in sched.jobs.values()
+            ]
+        }
+    )
+    plan_input = NodePlanInput(
+        decision_id="relaunch-dev-node-n3-1",
+        cluster="dev",
+        node="n3",
+        report=report,
+        policy=Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0),
+        isolate=True,
+        requeue_ahead=True,
+    )
+    node = NodeActivities(deps)
+    for attempt in range(2):  # the step, and a retry of it (which finds n3 out already)
+        plan = await ActivityEnvironment().run(node.plan_node, plan_input)
+        assert plan.isolated is not None and plan.isolated.ok and plan.fence == (attempt == 0)
+        assert [a.job_id for a in plan.ahead] == ["31"]
+    assert sched.requeues == ["31"]
+    [row] = audit.of("relaunch-dev-node-n3-1", "requeue_batch")
+    assert "1 of 3 jobs requeued" in row.summary and sorted(row.data["left"]) == ["32", "33"]
 
 
 def _verdict(category: Category, corroboration: dict[str, list[str]]) -> Verdict:

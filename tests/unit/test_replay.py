@@ -42,6 +42,9 @@ def test_histories_are_committed() -> None:
         "node_decision_requeued.before-plan-isolates",
         "node_decision_reported.before-plan-isolates",
     } <= names
+    # A decision that requeued its reported jobs ahead of their joins (patch node-requeue-ahead),
+    # and one started by a report before that patch.
+    assert {"node_decision_requeued_ahead", "node_decision_reported.before-requeue-ahead"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from relaunch.models.errors import ControllerUnavailableError
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState
+from relaunch.workers.watch_handover import NodeReports
 from relaunch.workers.watcher import WatchConfig, Watcher
 
 T0 = datetime(2026, 2, 20, 9, 0, 0, tzinfo=UTC)
@@ -345,6 +347,122 @@ async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
     append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)  # the same failure, said again
     await watcher._reports.report(watcher.read_logs_once(T0))
     assert len(reports) == 1
+
+
+async def test_a_report_lists_the_jobs_no_other_reported_node_runs() -> None:
+    """The jobs a node's decision may requeue ahead of their joins: its watched jobs on no
+    other node reported now or lately, so that no two decisions requeue one job."""
+    jobs = [
+        Job(job_id="1", state=JobState.RUNNING, nodes=["n1"], partition="gpu", restart_count=2),
+        Job(job_id="2", state=JobState.RUNNING, nodes=["n1", "n2"]),  # both fail together
+        Job(job_id="3", state=JobState.RUNNING, nodes=["n1", "n9"]),  # n9 fails later
+        Job(job_id="4", state=JobState.RUNNING, nodes=["n9"], comment="relaunch=on,max_restarts=1"),
+    ]
+    reports: list[NodeReport] = []
+
+    async def on_node_report(report: NodeReport) -> None:
+        reports.append(report)
+
+    def running_on(node: str) -> list[Job]:
+        return [j for j in jobs if node in j.nodes]
+
+    def down(*nodes: str) -> list[Detection]:
+        return [
+            Detection(
+                cluster="dev",
+                job_id=j.job_id,
+                attempt=j.restart_count,
+                source=DetectionSource.PROBE,
+                kind="node_unreachable",
+                nodes=[n],
+                detected_at=T0,
+                text=f"{n} slurmd: refused",
+            )
+            for n in nodes
+            for j in running_on(n)
+        ]
+
+    handover = NodeReports(on_node_report, running_on)
+    await handover.report(down("n1", "n2"))
+    listed = {r.node: [(j.job_id, j.restart_count) for j in r.running] for r in reports}
+    assert listed == {"n1": [("1", 2), ("3", 0)], "n2": []}
+    assert (reports[0].jobs, reports[1].jobs) == (3, 1)  # every watched job still counts
+    await handover.report(down("n9"))
+    [n9] = reports[2:]
+    assert [(j.job_id, j.max_restarts) for j in n9.running] == [("4", 1)]  # job 3 is n1's
+
+
+async def test_the_handover_waits_for_the_node_reports_made_with_it(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """A node's report goes out before the hundreds of recoveries its failure starts: the
+    decision drains the node while their starts still queue at the server."""
+    order: list[str] = []
+
+    async def on_node_report(report: NodeReport) -> None:
+        await asyncio.sleep(0.3)  # a slow round trip: the handover still waits for it
+        order.append(f"report {report.node}")
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"recovery {det.job_id}")
+
+    config = WatchConfig(
+        cluster="dev",
+        node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log"),
+        poll_interval_s=0.2,
+        log_interval_s=0.1,
+    )
+    watcher = Watcher(config, scheduler, on_detection, on_node_report=on_node_report)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await asyncio.sleep(0.5)
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
+    for _ in range(50):
+        if any(o.startswith("recovery") for o in order):
+            break
+        await asyncio.sleep(0.1)
+    stop.set()
+    await task
+    assert order and order[0] == "report n2", order
+
+
+async def test_a_kernel_log_report_goes_out_before_the_pass_over_the_jobs_logs(
+    scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's feed is read first in a log pass, and its report sent, before the pass reads
+    the logs of the node's jobs (hundreds, on a busy machine: seconds)."""
+    order: list[str] = []
+
+    async def on_node_report(report: NodeReport) -> None:
+        order.append(f"report {report.node}")
+
+    config = WatchConfig(
+        cluster="dev",
+        node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log"),
+        poll_interval_s=2.0,  # the log passes find the line first
+        log_interval_s=0.1,
+    )
+    watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
+    job_logs = watcher._job_logs
+
+    def reading(poll: Any) -> None:
+        if order and order[-1] != "job logs":
+            order.append("job logs")
+        job_logs(poll)
+
+    monkeypatch.setattr(watcher, "_job_logs", reading)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await asyncio.sleep(0.5)
+    order.append("fault")
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
+    for _ in range(50):
+        if "report n2" in order:
+            break
+        await asyncio.sleep(0.1)
+    stop.set()
+    await task
+    assert order[:3] == ["fault", "report n2", "job logs"], order
 
 
 async def test_later_signs_of_a_handed_over_interruption_are_held_and_handed_over_together(
