@@ -861,13 +861,23 @@ def burst_rows(scale: Row) -> list[str]:
     if decisions is not None:
         parts = []
         for d in decisions:
-            sizes = "+".join(str(b["size"]) for b in d["batches"]) or "none"
-            took = ", ".join(f(b.get("took_s"), 1) for b in d["batches"]) or "–"
+            # Batch 0 requeued the reported jobs ahead of their joins; the joins' batches
+            # after it only record those restarts in each job's trail (0.0 s).
+            ahead = [b for b in d["batches"] if b.get("ahead")]
+            joins = [b for b in d["batches"] if not b.get("ahead")]
+            sizes = "+".join(str(b["size"]) for b in joins) or "none"
+            took = ", ".join(f(b.get("took_s"), 1) for b in joins) or "–"
+            early = (
+                f"{ahead[0]['requeued']} requeued ahead of their joins "
+                f"{f(ahead[0]['at_s'], 1)} s after the fault (took {f(ahead[0]['took_s'], 1)} s), "
+                if ahead
+                else ""
+            )
             parts.append(
                 f"`{d['id']}`: {d['joined']} joined, fault → drain "
                 f"{f(d['fault_to_drain_s'], 1)} s, "
-                f"first detection → drain {f(d['detection_to_drain_s'], 1)} s, batches {sizes} "
-                f"(took {took} s), stage {d['final_stage']}"
+                f"first detection → drain {f(d['detection_to_drain_s'], 1)} s, {early}"
+                f"batches of joins {sizes} (took {took} s), stage {d['final_stage']}"
             )
         L.append(f"| node decisions | {len(decisions)}: " + "; ".join(parts) + " |")
     if "pre_isolated" in scale:

@@ -587,6 +587,7 @@ def analyse(
                 ),
                 "took_s": e.data.get("took_s"),
                 "at_s": (e.at - fault_at).total_seconds(),
+                "ahead": e.data.get("ahead") is True,
             }
             for e in k.get("requeue_batch", [])
         ]

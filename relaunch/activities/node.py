@@ -415,7 +415,7 @@ class NodeActivities:
                     {
                         "batch": inp.batch,
                         "jobs": [j.job_id for j in inp.jobs],
-                        "ahead": [j.job_id for j in inp.jobs if j.ahead is not None],
+                        "requeued_ahead": [j.job_id for j in inp.jobs if j.ahead is not None],
                         "outcomes": {r.job_id: r.outcome.value for r in results.values()},
                         "took_s": round(took, 3),
                     },

@@ -227,7 +227,9 @@ class NodePlanInput(BaseModel):
         default=None, description="the first job recovery that joined (and convicted the node)"
     )
     report: NodeReport | None = Field(
-        default=None, description="the watcher's report, when it came before any join"
+        default=None,
+        description="the watcher's report: what convicts the node when it came before any "
+        "join; with ``first``, only the jobs to requeue ahead of their joins",
     )
     policy: Policy
     isolate: bool = Field(

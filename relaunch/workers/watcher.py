@@ -44,7 +44,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -180,6 +180,10 @@ class Watcher:
         self._reports = NodeReports(on_node_report, self._running_on)
         self._nodes: dict[str, NodeFeed] = {}
         self._pass = 0
+        # Held through a pass (a poll's or a log read's): a pass may wait for the node reports
+        # it found to go out, and no other pass may start meanwhile (each node's feed is read
+        # once a pass, and every job of the pass takes its news from that read).
+        self._pass_lock = asyncio.Lock()
         self._slow_said_at = -math.inf
         self._liveness = Liveness(
             liveness,
@@ -210,12 +214,15 @@ class Watcher:
         if any(job.state is JobState.RUNNING for job in jobs):
             nodes = {node.name: node for node in await self._scheduler.list_nodes()}
         found: list[Detection] = []
-        self._pass += 1
-        self._liveness.update(jobs, nodes, wall)
-        for job in jobs:
-            if now is None:  # per job, as in read_logs_once
-                wall, clock = datetime.now(UTC), time.monotonic()
-            found.extend(self._check_job(job, nodes, wall, clock))
+        async with self._pass_lock:
+            self._pass += 1
+            self._liveness.update(jobs, nodes, wall)
+            for job in jobs:
+                if now is None:  # per job, as in read_logs_once
+                    wall, clock = datetime.now(UTC), time.monotonic()
+                found.extend(self._check_job(job, nodes, wall, clock))
+                if self._reports.waiting:  # see read_logs
+                    await self._send_reports()
         for gone in set(self._jobs) - {job.job_id for job in jobs}:
             del self._jobs[gone]
         in_use = {node for watch in self._jobs.values() for node in watch.job.nodes}
@@ -228,26 +235,16 @@ class Watcher:
         self._slow_pass("poll", self.stats.last_poll_s)
         return found
 
-    def begin_log_pass(self) -> bool:
-        """Start a log pass: read each watched node's feed first (each is read once a pass),
-        so that a node report its kernel log gives can go out before the pass over hundreds of
-        jobs' logs; whether one is waiting to."""
+    async def _send_reports(self) -> None:
+        """Send the node reports waiting (their signals out; the answers may come later)."""
+        self._reports.start([])
+        await self._reports.wait(timeout=REPORT_SEND_S)
+
+    def _log_pass(self, now: datetime | None) -> Iterator[list[Detection]]:
+        """One pass over the watched jobs' logs: each job's new detections, job by job."""
         self._pass += 1
         self._liveness.refresh()
-        for node in {n for watch in self._jobs.values() for n in watch.job.nodes}:
-            self._feed(node)
-        return self._reports.waiting
-
-    def read_logs_once(
-        self, now: datetime | None = None, *, begun: bool = False
-    ) -> list[Detection]:
-        """Between polls: read what watched jobs' logs gained since the last read, without
-        asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll).
-        ``begun``: :meth:`begin_log_pass` started this pass."""
-        if not begun:
-            self.begin_log_pass()
-        found: list[Detection] = []
-        for watch in self._jobs.values():
+        for watch in list(self._jobs.values()):
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
             # and a line read late in it must not look detected before it was written.
             wall = now or datetime.now(UTC)
@@ -256,7 +253,26 @@ class Watcher:
             self._job_logs(poll)
             self._node_news(poll)
             self._liveness.news(poll)
-            found.extend(d for d in poll.found if watch.first_time(d))
+            yield [d for d in poll.found if watch.first_time(d)]
+
+    def read_logs_once(self, now: datetime | None = None) -> list[Detection]:
+        """Between polls: read what watched jobs' logs gained since the last read, without
+        asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll)."""
+        found = [d for dets in self._log_pass(now) for d in dets]
+        self.stats.detections += len(found)
+        return found
+
+    async def read_logs(self) -> list[Detection]:
+        """:meth:`read_logs_once` as the watcher runs it: when a node's own kernel log says the
+        node failed (an Xid the catalogue drains for), its report goes out at once, in the
+        middle of the pass, not after the pass over hundreds of jobs' logs (seconds, on a
+        machine the failure itself keeps busy)."""
+        found: list[Detection] = []
+        async with self._pass_lock:
+            for dets in self._log_pass(None):
+                found.extend(dets)
+                if self._reports.waiting:
+                    await self._send_reports()
         self.stats.detections += len(found)
         return found
 
@@ -271,7 +287,8 @@ class Watcher:
         handover = asyncio.create_task(self._deliver_until(stop, pending, found))
         # So does the scheduler's listing: while squeue is slow (a busy controller, thousands
         # of jobs), logs are still read every log_interval_s. A poll's own pass over the jobs
-        # and a log pass never interleave: both run between awaits, on this loop.
+        # and a log pass never interleave: each holds the pass lock while it sends the node
+        # reports it found (a log pass due meanwhile is skipped).
         poll: asyncio.Task[list[Detection]] | None = None
         stopped = asyncio.create_task(stop.wait())
         # The liveness probes keep their own pace (a round every probe_interval_s); the passes
@@ -288,15 +305,12 @@ class Watcher:
                     if poll is not None and poll.done():
                         done, poll = poll, None
                         new = done.result()
-                    else:
+                    elif not self._pass_lock.locked():  # else a poll's pass is under way
                         began = time.monotonic()
-                        if self.begin_log_pass():
-                            # A node's own kernel log says it failed: report it now, while
-                            # the pass reads the logs of its jobs (and maybe hundreds more).
-                            self._reports.start([])
-                            await self._reports.wait(timeout=REPORT_SEND_S)
-                        new = self.read_logs_once(begun=True)
+                        new = await self.read_logs()
                         self._slow_pass("log read", time.monotonic() - began)
+                    else:
+                        new = []
                     if new:
                         self._reports.start(new)
                         pending.extend(new)

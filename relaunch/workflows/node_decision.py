@@ -300,6 +300,8 @@ class NodeDecisionWorkflow:
                 f"node decision for {inp.node}: convicted by {first.recovery_id} "
                 f"({first.category.value})",
                 first=first,
+                # A report that came meanwhile lists the jobs to requeue ahead of their joins.
+                report=self._report,
             )
         if plan is not None:
             self._plan = plan

@@ -39,6 +39,8 @@ from relaunch.models.errors import InvalidNameError
 from relaunch.models.node_decision import (
     BatchJob,
     JobOutcome,
+    JoinRequest,
+    NodeDecisionInput,
     NodeDecisionStatus,
     NodePlanInput,
     NodeReport,
@@ -124,6 +126,7 @@ class Rig:
     sched: FakeScheduler
     audit: Audit
     origin: dict[str, list[str]] = field(default_factory=dict)  # each job's first nodes
+    steps: list[Any] = field(default_factory=list)  # the activities the workers run
 
 
 class Evidence:
@@ -240,6 +243,7 @@ async def rig() -> AsyncIterator[Rig]:
             node.requeue_batch,
             actions.verify_check,
         ]
+        rig.steps = steps
         workers = [
             Worker(
                 env.client,
@@ -519,6 +523,53 @@ async def test_a_fenced_nodes_reported_jobs_are_requeued_before_their_recoveries
     )
     assert status.requeued == 5 and sorted(status.covers) == sorted(h.id for h in handles)
     await replays(rig.client, decision, "node_decision_requeued_ahead")
+
+
+async def test_a_report_that_comes_with_the_first_join_still_requeues_its_jobs_ahead(
+    rig: Rig,
+) -> None:
+    """The first job's join started the decision, but the watcher's report came before the
+    plan (one workflow task sees both): the report's jobs are still requeued ahead."""
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    rig.sched.set_node("n17", address="127.0.0.1", port=_closed_port())
+    ids = jobs_on(rig, "n17", 3, 1900)
+    decision = node_decision_id(rig.cluster, "n17", 1)
+    first = JoinRequest(
+        recovery_id=recovery_workflow_id(rig.cluster, ids[0], 0),
+        job_id=ids[0],
+        partition="gpu",
+        expected_restart_count=0,
+        category=Category.GPU_HARDWARE,
+        requeue_by="n17",
+        unreachable=True,
+        mode=Mode.AUTONOMOUS,
+    )
+    report = _report("n17", 3).model_copy(
+        update={"running": [ReportedJob(job_id=j, restart_count=0) for j in ids]}
+    )
+    queue = f"held-{rig.cluster}"  # no worker yet: both signals wait for the first task
+    handle = await rig.client.start_workflow(
+        NodeDecisionWorkflow.run,
+        NodeDecisionInput(cluster=rig.cluster, node="n17", n=1, policy=policy),
+        id=decision,
+        task_queue=queue,
+        start_signal="join",
+        start_signal_args=[first],
+    )
+    await handle.signal(NodeDecisionWorkflow.report, report)
+    worker = Worker(
+        rig.client,
+        task_queue=queue,
+        workflows=[RecoveryWorkflow, NodeDecisionWorkflow],
+        workflow_runner=WORKFLOW_RUNNER,
+        activities=rig.steps,
+    )
+    async with worker:
+        [ahead] = await _until_rows(rig, decision, "requeue_batch")
+        await handle.terminate("test over")
+    assert ahead.data["ahead"] is True and sorted(rig.sched.requeues) == sorted(ids)
+    [plan] = rig.audit.of(decision, "plan")
+    assert f"convicted by trusted evidence in {first.recovery_id}" in plan.summary
 
 
 async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> None:

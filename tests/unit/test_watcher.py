@@ -426,11 +426,29 @@ async def test_the_handover_waits_for_the_node_reports_made_with_it(
     assert order and order[0] == "report n2", order
 
 
-async def test_a_kernel_log_report_goes_out_before_the_pass_over_the_jobs_logs(
+def more_jobs(
+    scheduler: FakeScheduler, order: list[str], watcher: Watcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nine more jobs after job 101 (on n1 and n2), on n3; each job's log read is recorded."""
+    first = scheduler.jobs[0]
+    scheduler.jobs += [
+        first.model_copy(update={"job_id": str(job_id), "nodes": ["n3"]})
+        for job_id in range(102, 111)
+    ]
+    job_logs = watcher._job_logs
+
+    def reading(poll: Any) -> None:
+        order.append(f"job {poll.job.job_id}")
+        job_logs(poll)
+
+    monkeypatch.setattr(watcher, "_job_logs", reading)
+
+
+async def test_a_kernel_log_report_goes_out_in_the_middle_of_a_log_pass(
     scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The node's feed is read first in a log pass, and its report sent, before the pass reads
-    the logs of the node's jobs (hundreds, on a busy machine: seconds)."""
+    """The report of a node's own kernel log goes out as soon as the pass reads the line, not
+    after the pass over every job's log (seconds, over hundreds of jobs on a busy machine)."""
     order: list[str] = []
 
     async def on_node_report(report: NodeReport) -> None:
@@ -443,18 +461,11 @@ async def test_a_kernel_log_report_goes_out_before_the_pass_over_the_jobs_logs(
         log_interval_s=0.1,
     )
     watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
-    job_logs = watcher._job_logs
-
-    def reading(poll: Any) -> None:
-        if order and order[-1] != "job logs":
-            order.append("job logs")
-        job_logs(poll)
-
-    monkeypatch.setattr(watcher, "_job_logs", reading)
+    more_jobs(scheduler, order, watcher, monkeypatch)
     stop = asyncio.Event()
     task = asyncio.create_task(watcher.run(stop))
     await asyncio.sleep(0.5)
-    order.append("fault")
+    order.clear()
     append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
     for _ in range(50):
         if "report n2" in order:
@@ -462,7 +473,31 @@ async def test_a_kernel_log_report_goes_out_before_the_pass_over_the_jobs_logs(
         await asyncio.sleep(0.1)
     stop.set()
     await task
-    assert order[:3] == ["fault", "report n2", "job logs"], order
+    passes = order[: order.index("report n2") + 2]
+    # Job 101's pass read n2's kernel log; the report went out before job 102's log was read.
+    assert passes[-3:] == ["job 101", "report n2", "job 102"], order
+
+
+async def test_a_polls_kernel_log_report_goes_out_in_the_middle_of_its_pass(
+    scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same in a poll's pass."""
+    order: list[str] = []
+
+    async def on_node_report(report: NodeReport) -> None:
+        order.append(f"report {report.node}")
+
+    config = WatchConfig(
+        cluster="dev", node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log")
+    )
+    watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
+    more_jobs(scheduler, order, watcher, monkeypatch)
+    assert await watcher.poll_once(T0) == []
+    order.clear()
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
+    found = await watcher.poll_once(T0)
+    assert ("signature:xid_79", ["n2"]) in [(d.kind, d.nodes) for d in found]
+    assert order[:3] == ["job 101", "report n2", "job 102"], order
 
 
 async def test_later_signs_of_a_handed_over_interruption_are_held_and_handed_over_together(
