@@ -188,12 +188,13 @@ class NodeReports:
                     for node in det.nodes
                 )
         reports: dict[str, NodeReport] = {}
+        running_on: dict[str, list[Job]] = {}  # each reported node's watched jobs, read once
         now = time.monotonic()
         for report in found:
             last = self._reported.get(report.node)
             if report.node in reports or (last is not None and now - last < REPORT_QUIET_S):
                 continue
-            running = self._running_on(report.node)
+            running = running_on[report.node] = self._running_on(report.node)
             reports[report.node] = report.model_copy(
                 update={
                     "partitions": sorted({j.partition for j in running if j.partition}),
@@ -205,7 +206,7 @@ class NodeReports:
         # reported (now or lately), so that no two decisions requeue one job.
         out = {n for n, at in self._reported.items() if now - at < REPORT_QUIET_S}
         for node, report in reports.items():
-            alone = [j for j in self._running_on(node) if not (set(j.nodes) - {node}) & out]
+            alone = [j for j in running_on[node] if not (set(j.nodes) - {node}) & out]
             report.running = [
                 ReportedJob(
                     job_id=j.job_id,

@@ -487,3 +487,21 @@ def test_the_jobs_uid_and_gid_come_from_the_json_listings(fixture: str) -> None:
 def test_the_jobs_uid_and_gid_come_from_the_brief_listing() -> None:
     (job,) = parse.jobs_from_brief(brief_line(UserID="1001", GroupID="1002") + "\n") or [None]
     assert job is not None and (job.user_id, job.group_id) == (1001, 1002)
+
+
+@pytest.mark.parametrize(
+    ("comment", "budget"),
+    [
+        ("relaunch=on,max_restarts=2", 2),
+        ("relaunch=on", None),
+        # The job's user writes the comment: what is not a small plain number is no budget,
+        # never an exception in the watcher or the evidence step.
+        ("relaunch=on,max_restarts=²", None),
+        ("relaunch=on,max_restarts=" + "9" * 5000, None),
+        ("relaunch=on,max_restarts=-1", None),
+    ],
+)
+def test_a_jobs_own_restart_budget_is_a_small_plain_number(
+    comment: str, budget: int | None
+) -> None:
+    assert Job(job_id="1", comment=comment).max_restarts == budget
