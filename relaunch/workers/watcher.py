@@ -87,6 +87,9 @@ from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream, Watch
 logger = logging.getLogger(__name__)
 
 REPORTED_ROLES = frozenset({Role.ROOT, Role.CASCADE})
+# A pass over the watched jobs lets the rest of the watcher run (the handover to Temporal, the
+# liveness probes) at least this often.
+PASS_SLICE_S = 0.05
 
 
 class SchedulerView(Protocol):
@@ -217,12 +220,13 @@ class Watcher:
         async with self._pass_lock:
             self._pass += 1
             self._liveness.update(jobs, nodes, wall)
+            self._read_nodes()
+            slice_end = await self._between_jobs(time.monotonic() + PASS_SLICE_S)
             for job in jobs:
                 if now is None:  # per job, as in read_logs_once
                     wall, clock = datetime.now(UTC), time.monotonic()
                 found.extend(self._check_job(job, nodes, wall, clock))
-                if self._reports.waiting:  # see read_logs
-                    await self._send_reports()
+                slice_end = await self._between_jobs(slice_end)
         for gone in set(self._jobs) - {job.job_id for job in jobs}:
             del self._jobs[gone]
         in_use = {node for watch in self._jobs.values() for node in watch.job.nodes}
@@ -240,10 +244,34 @@ class Watcher:
         self._reports.start([])
         await self._reports.wait(timeout=REPORT_SEND_S)
 
+    async def _between_jobs(self, slice_end: float) -> float:
+        """Between two jobs of a pass: send the node reports waiting, and let the handover
+        and the probes run once the pass has held the event loop for PASS_SLICE_S (a pass
+        over hundreds of jobs takes seconds on a machine the failure keeps busy). The end of
+        the next slice."""
+        if self._reports.waiting:
+            await self._send_reports()
+        elif time.monotonic() < slice_end:
+            return slice_end
+        else:
+            await asyncio.sleep(0)
+        return time.monotonic() + PASS_SLICE_S
+
+    def _read_nodes(self) -> None:
+        """Read every watched node's kernel log and telemetry first in a pass, before any
+        job's output: a node's Xid is then reported at the start of the pass that reads it,
+        not when the pass reaches the node's first job (seconds later, at hundreds of jobs).
+        Each job still takes the lines as news in its own turn (`_node_news`)."""
+        for node in list(self._nodes):
+            self._feed(node)
+
     def _log_pass(self, now: datetime | None) -> Iterator[list[Detection]]:
-        """One pass over the watched jobs' logs: each job's new detections, job by job."""
+        """One pass over the watched jobs' logs: each job's new detections, job by job
+        (the nodes' own logs first, as one step of their own)."""
         self._pass += 1
         self._liveness.refresh()
+        self._read_nodes()
+        yield []
         for watch in list(self._jobs.values()):
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
             # and a line read late in it must not look detected before it was written.
@@ -269,10 +297,10 @@ class Watcher:
         machine the failure itself keeps busy)."""
         found: list[Detection] = []
         async with self._pass_lock:
+            slice_end = time.monotonic() + PASS_SLICE_S
             for dets in self._log_pass(None):
                 found.extend(dets)
-                if self._reports.waiting:
-                    await self._send_reports()
+                slice_end = await self._between_jobs(slice_end)
         self.stats.detections += len(found)
         return found
 

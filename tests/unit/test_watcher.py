@@ -429,9 +429,10 @@ async def test_the_handover_waits_for_the_node_reports_made_with_it(
 def more_jobs(
     scheduler: FakeScheduler, order: list[str], watcher: Watcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nine more jobs after job 101 (on n1 and n2), on n3; each job's log read is recorded."""
+    """Nine more jobs on n3 (102–110), listed before job 101 (on n1 and n2): a pass reads n2's
+    job last. Each job's log read is recorded."""
     first = scheduler.jobs[0]
-    scheduler.jobs += [
+    scheduler.jobs[:0] = [
         first.model_copy(update={"job_id": str(job_id), "nodes": ["n3"]})
         for job_id in range(102, 111)
     ]
@@ -444,41 +445,34 @@ def more_jobs(
     monkeypatch.setattr(watcher, "_job_logs", reading)
 
 
-async def test_a_kernel_log_report_goes_out_in_the_middle_of_a_log_pass(
+A_PASS = [f"job {job_id}" for job_id in range(102, 111)] + ["job 101"]
+
+
+async def test_a_kernel_log_report_goes_out_before_a_log_pass_reads_any_job(
     scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The report of a node's own kernel log goes out as soon as the pass reads the line, not
-    after the pass over every job's log (seconds, over hundreds of jobs on a busy machine)."""
+    """A log pass reads the nodes' own kernel logs first: a node's Xid is reported before the
+    pass reads any job's log, not when it reaches the node's first job (seconds later, over
+    hundreds of jobs on a busy machine)."""
     order: list[str] = []
 
     async def on_node_report(report: NodeReport) -> None:
         order.append(f"report {report.node}")
 
     config = WatchConfig(
-        cluster="dev",
-        node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log"),
-        poll_interval_s=2.0,  # the log passes find the line first
-        log_interval_s=0.1,
+        cluster="dev", node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log")
     )
     watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
     more_jobs(scheduler, order, watcher, monkeypatch)
-    stop = asyncio.Event()
-    task = asyncio.create_task(watcher.run(stop))
-    await asyncio.sleep(0.5)
+    assert await watcher.poll_once(T0) == []
     order.clear()
     append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
-    for _ in range(50):
-        if "report n2" in order:
-            break
-        await asyncio.sleep(0.1)
-    stop.set()
-    await task
-    passes = order[: order.index("report n2") + 2]
-    # Job 101's pass read n2's kernel log; the report went out before job 102's log was read.
-    assert passes[-3:] == ["job 101", "report n2", "job 102"], order
+    found = await watcher.read_logs()
+    assert ("signature:xid_79", ["n2"]) in [(d.kind, d.nodes) for d in found]
+    assert order == ["report n2", *A_PASS], order
 
 
-async def test_a_polls_kernel_log_report_goes_out_in_the_middle_of_its_pass(
+async def test_a_polls_kernel_log_report_goes_out_before_it_reads_any_job(
     scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same in a poll's pass."""
@@ -497,7 +491,40 @@ async def test_a_polls_kernel_log_report_goes_out_in_the_middle_of_its_pass(
     append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
     found = await watcher.poll_once(T0)
     assert ("signature:xid_79", ["n2"]) in [(d.kind, d.nodes) for d in found]
-    assert order[:3] == ["job 101", "report n2", "job 102"], order
+    assert order == ["report n2", *A_PASS], order
+
+
+async def test_a_long_pass_lets_the_handover_run(
+    scheduler: FakeScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over many jobs gives the event loop back every PASS_SLICE_S: the handover of what
+    an earlier pass found and the liveness probes run while it reads (here: a task scheduled
+    before the pass runs while the pass is still reading)."""
+    order: list[str] = []
+    watcher = Watcher(WatchConfig(cluster="dev"), scheduler, ignore)
+    more_jobs(scheduler, order, watcher, monkeypatch)
+    assert await watcher.poll_once(T0) == []
+    job_logs = watcher._job_logs
+
+    def slow(poll: Any) -> None:
+        time.sleep(0.03)
+        job_logs(poll)
+
+    monkeypatch.setattr(watcher, "_job_logs", slow)
+
+    async def beside() -> None:
+        order.append("beside")
+
+    order.clear()
+    task = asyncio.create_task(beside())
+    await watcher.read_logs()
+    await task
+    assert order[0] != "beside" and order[-1] != "beside", order
+    order.clear()
+    task = asyncio.create_task(beside())
+    await watcher.poll_once(T0)
+    await task
+    assert order[0] != "beside" and order[-1] != "beside", order
 
 
 async def test_later_signs_of_a_handed_over_interruption_are_held_and_handed_over_together(
