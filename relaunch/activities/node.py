@@ -31,9 +31,10 @@ from relaunch.models.node_decision import (
     Joined,
     JoinInput,
     JoinRequest,
+    LateReportInput,
     NodePlan,
     NodePlanInput,
-    NodeReport,
+    ReportedJob,
     RequeueBatchInput,
     RequeueBatchResult,
     parse_node_decision_id,
@@ -249,16 +250,50 @@ class NodeActivities:
             if inp.requeue_ahead and isolated.ok and conviction.unreachable and told:
                 # Drained and fenced, its slurmd silent to a fresh probe: Slurm ends every
                 # job there. Requeue the watched ones now, not as their recoveries join.
-                ahead = await self._requeue_ahead(inp, told)
+                ahead = await self._requeue_ahead(inp, told.running)
                 plan = plan.model_copy(update={"ahead": ahead})
         return plan
 
-    async def _requeue_ahead(self, inp: NodePlanInput, report: NodeReport) -> list[Ahead]:
+    @activity.defn(name="requeue_late_report")
+    @typed_errors
+    @keeps_heartbeating
+    async def requeue_late_report(self, inp: LateReportInput) -> list[Ahead]:
+        """The watcher's report reached the decision after it had isolated the node: requeue
+        the report's jobs that have not joined, as `plan_node` does with a report it has, once a
+        fresh read finds the node still out of service and a fresh probe its slurmd silent (a
+        node someone returned, or whose slurmd answers, may still run its jobs)."""
+        nodes = await self.deps.scheduler.list_nodes()
+        node = next((n for n in nodes if n.name == inp.node), None)
+        silent = inp.node in await unreachable_now(self.deps.prober(), [node] if node else [])
+        joined = set(inp.joined)
+        jobs = [j for j in inp.report.running if j.job_id not in joined]
+        if node is None or not node.drain_flag or not silent:
+            why = (
+                "Slurm does not list it"
+                if node is None
+                else f"it is back in service ({node.display_state})"
+                if not node.drain_flag
+                else "its slurmd answers a fresh probe"
+            )
+            await self.deps.audit_row(
+                inp.decision_id,
+                "node_report",
+                f"the watcher's report of {inp.node} came after the drain, but {why}: its "
+                f"{len(jobs)} jobs are requeued as their recoveries join",
+                dedupe="node_report:late",
+                nodes=[inp.node],
+                data={"report": inp.report.model_dump(mode="json"), "late": True},
+            )
+            return []
+        return await self._requeue_ahead(inp, jobs, late=True)
+
+    async def _requeue_ahead(
+        self, inp: NodePlanInput | LateReportInput, jobs: list[ReportedJob], *, late: bool = False
+    ) -> list[Ahead]:
         """Requeue the report's jobs (each within its restart budget) with one batch, ahead of
         their recoveries' joins; one row in the decision's incident. Each job's own restart row
         is written when its recovery joins (`requeue_batch`), dated by the requeue."""
         policy = inp.policy
-        jobs = report.running
         if not jobs:
             return []
         started = time.monotonic()
@@ -298,13 +333,16 @@ class NodeActivities:
             inp.decision_id,
             "requeue_batch",
             f"batch 0: {len(ahead)} of {len(jobs)} jobs requeued in {took:.1f} s, ahead of "
-            f"their recoveries' joins ({inp.node} isolated, its slurmd silent to a fresh probe)"
+            f"their recoveries' joins ({inp.node} isolated, its slurmd silent to a fresh probe"
+            + ("; the watcher's report came after the drain" if late else "")
+            + ")"
             + (f"; {len(left)} left to their joins (cancelled, or budget spent)" if left else ""),
             dedupe=f"{inp.decision_id}:requeue_batch:0",
             nodes=[inp.node],
             data={
                 "batch": 0,
                 "ahead": True,
+                **({"late_report": True} if late else {}),
                 "jobs": [j.job_id for j in jobs],
                 "outcomes": outcomes,
                 "left": left,

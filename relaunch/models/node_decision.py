@@ -247,6 +247,26 @@ class NodePlanInput(BaseModel):
     )
 
 
+class LateReportInput(BaseModel):
+    """The watcher's report that reached a decision after it had planned and isolated the node
+    (a job's join started it): requeue the report's jobs that have not joined yet, as
+    `plan_node` would have (`NodePlanInput.requeue_ahead`), once a fresh read finds the node
+    still out of service and a fresh probe its slurmd still silent."""
+
+    model_config = STRICT
+
+    decision_id: str
+    cluster: str
+    node: str
+    report: NodeReport
+    policy: Policy
+    joined: list[str] = Field(
+        default_factory=list,
+        max_length=2000,  # of the report's jobs, as many as it lists
+        description="the report's jobs whose recoveries joined already: their batches requeue them",
+    )
+
+
 class NodeActInput(BaseModel):
     model_config = STRICT
 

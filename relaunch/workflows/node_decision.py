@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         BatchJob,
         JobOutcome,
         JoinRequest,
+        LateReportInput,
         NodeDecisionInput,
         NodeDecisionStatus,
         NodePlan,
@@ -76,6 +77,10 @@ PLAN_ISOLATES = "node-plan-isolates"
 # join: a rack's jobs are back in the queue seconds after the failure, not after hundreds of
 # recoveries have gathered their evidence. The joins then only complete each job's trail.
 REQUEUE_AHEAD = "node-requeue-ahead"
+# Decisions started after this patch requeue ahead from a report that reaches them only after
+# they have isolated the node (a job's join started the decision, the report came meanwhile):
+# one step more (`requeue_late_report`), for the jobs that have not joined yet.
+REQUEUE_LATE_REPORT = "node-requeue-late-report"
 
 # How long a decision stays open after its last join: later detections of the same failure
 # (a job whose recovery was slow to start, a straggler's hang) join it instead of starting the
@@ -117,6 +122,9 @@ class NodeDecisionWorkflow:
         self._final: tuple[JobOutcome, str] | None = None
         self._report: NodeReport | None = None
         self._isolates_at_plan = False
+        # REQUEUE_LATE_REPORT; whether plan_node had the report (or its late step ran).
+        self._late_reports = False
+        self._report_used = False
         # The jobs plan_node requeued ahead of their joins, by job id (REQUEUE_AHEAD).
         self._ahead: dict[str, Ahead] = {}
         # Set when the node turned out to be back in service: why the decision closed.
@@ -276,6 +284,7 @@ class NodeDecisionWorkflow:
     @workflow.run
     async def run(self, inp: NodeDecisionInput) -> NodeDecisionStatus:
         self._isolates_at_plan = workflow.patched(PLAN_ISOLATES)
+        self._late_reports = workflow.patched(REQUEUE_LATE_REPORT)
         self._input = inp
         self._id = workflow.info().workflow_id
         workflow.upsert_search_attributes(
@@ -337,6 +346,7 @@ class NodeDecisionWorkflow:
             report=report,
             policy=inp.policy,
         )
+        self._report_used = report is not None
         if self._isolates_at_plan:
             self._stage = Stage.PLANNING
             workflow.upsert_search_attributes(stage_attributes(Stage.PLANNING))
@@ -453,14 +463,57 @@ class NodeDecisionWorkflow:
         return None
 
     async def _joined_within_window(self) -> bool:
-        """Wait up to JOIN_WINDOW for a job to join; whether one did."""
+        """Wait up to JOIN_WINDOW for a job to join (or a late report to act on); whether one
+        did."""
         try:
             await workflow.wait_condition(
-                lambda: bool(self._pending), timeout=JOIN_WINDOW, timeout_summary="join window"
+                lambda: bool(self._pending) or self._late_report_due(),
+                timeout=JOIN_WINDOW,
+                timeout_summary="join window",
             )
         except TimeoutError:
-            return bool(self._pending)
+            return bool(self._pending) or self._late_report_due()
         return True
+
+    def _late_report_due(self) -> bool:
+        """Whether the watcher's report came after plan_node had isolated the node on its own
+        (REQUEUE_LATE_REPORT): its jobs that have not joined are requeued ahead then."""
+        plan = self._plan
+        return (
+            self._late_reports
+            and not self._report_used
+            and self._report is not None
+            and self._final is None
+            and plan is not None
+            and plan.isolated is not None
+            and plan.isolated.ok
+        )
+
+    async def _requeue_late_report(self) -> None:
+        """Requeue ahead the late report's jobs that have not joined yet (their batches
+        requeue the others); a job that joins meanwhile is matched when this step is done."""
+        inp, report = self._input, self._report
+        assert inp is not None and report is not None
+        self._report_used = True
+        joined = {r.job_id for r in self._joined.values()}
+        try:
+            ahead = await call(
+                NodeActivities.requeue_late_report,
+                LateReportInput(
+                    decision_id=self._id,
+                    cluster=inp.cluster,
+                    node=inp.node,
+                    report=report,
+                    policy=inp.policy,
+                    joined=[j.job_id for j in report.running if j.job_id in joined],
+                ),
+                REQUEUE,
+                f"requeue ahead the late report's jobs of {inp.node}",
+            )
+        except ActivityError as err:  # their joins requeue them, as without the report
+            workflow.logger.warning("late report of %s: %s", inp.node, err)
+            return
+        self._ahead.update({a.job_id: a for a in ahead})
 
     async def _serve_joins(self) -> None:
         """Requeue (or tell the fate of) every job that joined, batch by batch, until no job
@@ -470,6 +523,10 @@ class NodeDecisionWorkflow:
         while True:
             if not self._pending and not await self._joined_within_window():
                 return
+            if self._late_report_due():
+                await self._requeue_late_report()
+            if not self._pending:
+                continue
             taken = self._take_pending()
             if self._final is not None:
                 outcome, detail = self._final

@@ -241,6 +241,7 @@ async def rig() -> AsyncIterator[Rig]:
             node.join_node_decisions,
             node.plan_node,
             node.requeue_batch,
+            node.requeue_late_report,
             actions.verify_check,
         ]
         rig.steps = steps
@@ -444,6 +445,18 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@contextlib.asynccontextmanager
+async def answering(rig: Rig, node: str) -> AsyncIterator[None]:
+    """Inside, ``node``'s slurmd answers probes (a local server accepts and closes)."""
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    rig.sched.set_node(node, address="127.0.0.1", port=server.sockets[0].getsockname()[1])
+    try:
+        yield
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 def _report(node: str, jobs: int) -> NodeReport:
     return NodeReport(
         node=node,
@@ -488,6 +501,22 @@ async def test_the_watchers_report_drains_the_node_before_any_job_joins(rig: Rig
     await replays(rig.client, decision, "node_decision_reported")
 
 
+async def join_requeued_ahead(
+    rig: Rig, ids: list[str], policy: Policy, decision: str
+) -> tuple[list[WorkflowHandle[RecoveryWorkflow, RecoveryStatus]], list[StoredEvent]]:
+    """Start the recoveries of jobs the decision requeued ahead: each joins it and is told its
+    job was requeued (one restart row each, changed, marked ahead). Their handles and rows."""
+    handles = await start(rig, ids, policy)
+    done = await until_all(handles, lambda s: s.stage is Stage.DONE, "every recovery done")
+    assert {s.node_decision for s in done} == {decision}
+    restarts = []
+    for handle in handles:
+        [restart] = [r for r in rig.audit.of(handle.id, "action") if r.data["step"] == "restart"]
+        assert restart.data["changed"] and restart.data["ahead"] is True
+        restarts.append(restart)
+    return handles, restarts
+
+
 async def test_a_fenced_nodes_reported_jobs_are_requeued_before_their_recoveries_join(
     rig: Rig,
 ) -> None:
@@ -509,13 +538,9 @@ async def test_a_fenced_nodes_reported_jobs_are_requeued_before_their_recoveries
 
     # The recoveries join: each is told its job was requeued, which they verify; nothing is
     # requeued twice, and each job's trail has its one restart, dated when it happened.
-    handles = await start(rig, ids, policy)
-    done = await until_all(handles, lambda s: s.stage is Stage.DONE, "every recovery done")
-    assert {s.node_decision for s in done} == {decision}
+    handles, restarts = await join_requeued_ahead(rig, ids, policy, decision)
     assert sorted(rig.sched.requeues) == sorted(ids)
-    for handle in handles:
-        [restart] = [r for r in rig.audit.of(handle.id, "action") if r.data["step"] == "restart"]
-        assert restart.data["changed"] and restart.data["ahead"] is True
+    for restart in restarts:
         assert "requeued ahead of the join" in restart.summary
         assert restart.at <= requeued_at
     status = await rig.client.get_workflow_handle(decision).query(
@@ -573,12 +598,64 @@ async def test_a_report_that_comes_with_the_first_join_still_requeues_its_jobs_a
     assert f"convicted by trusted evidence in {first.recovery_id}" in plan.summary
 
 
+async def test_a_report_that_comes_after_the_drain_requeues_the_jobs_not_yet_joined(
+    rig: Rig,
+) -> None:
+    """A job's join started the decision and it isolated the node before the watcher's report
+    came (a burst's first recoveries can beat a report the server was slow to take): the
+    report's jobs that have not joined are requeued ahead then, not one by one as they join."""
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    rig.sched.set_node("n18", address="127.0.0.1", port=_closed_port())
+    ids = jobs_on(rig, "n18", 4, 2000)
+    [first] = await start(rig, ids[:1], policy)
+    await until_all([first], lambda s: s.stage is Stage.DONE, "the first recovery done")
+    decision = node_decision_id(rig.cluster, "n18", 1)
+    assert rig.sched.nodes["n18"].drain_flag and rig.sched.requeues == [ids[0]]
+
+    report = _report("n18", 4).model_copy(
+        update={"running": [ReportedJob(job_id=j, restart_count=0) for j in ids]}
+    )
+    assert (
+        await NodeDecisionSignals(rig.client).send(rig.cluster, "n18", policy, "report", report)
+        == decision
+    )
+    late = [
+        r for r in await _until_rows(rig, decision, "requeue_batch", 2) if r.data.get("late_report")
+    ]
+    assert [r.data["jobs"] for r in late] == [ids[1:]]  # the first job joined: its batch did it
+    assert "3 of 3 jobs requeued" in late[0].summary
+    assert sorted(rig.sched.requeues) == sorted(ids)
+
+    # The others join later: each is told its job was requeued, and nothing is requeued twice.
+    await join_requeued_ahead(rig, ids[1:], policy, decision)
+    assert sorted(rig.sched.requeues) == sorted(ids)
+    await replays(rig.client, decision, "node_decision_late_report")
+
+
+async def test_a_late_report_of_a_node_that_answers_requeues_nothing_ahead(rig: Rig) -> None:
+    """The same late report, but the node's slurmd answers a fresh probe by then: its jobs may
+    still run, so each waits for its own recovery's join."""
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    ids = jobs_on(rig, "n19", 3, 2100)
+    async with answering(rig, "n19"):
+        [first] = await start(rig, ids[:1], policy)
+        await until_all([first], lambda s: s.stage is Stage.DONE, "the first recovery done")
+        report = _report("n19", 3).model_copy(
+            update={"running": [ReportedJob(job_id=j, restart_count=0) for j in ids]}
+        )
+        decision = await NodeDecisionSignals(rig.client).send(
+            rig.cluster, "n19", policy, "report", report
+        )
+        [row] = await _until_rows(rig, decision, "node_report")
+    assert row.data["late"] is True and "slurmd answers a fresh probe" in row.summary
+    assert rig.sched.requeues == [ids[0]]
+    assert not [r for r in rig.audit.of(decision, "requeue_batch") if r.data.get("ahead")]
+
+
 async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> None:
     """An Xid in the node's own kernel log drains it, but its slurmd answers: its jobs may still
     run, so none is requeued until its own recovery (a detected interruption) joins."""
     policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
-    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
-    rig.sched.set_node("n16", address="127.0.0.1", port=server.sockets[0].getsockname()[1])
     ids = jobs_on(rig, "n16", 2, 1800)
     report = _report("n16", 2).model_copy(
         update={
@@ -589,32 +666,23 @@ async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> N
             "running": [ReportedJob(job_id=j, partition="gpu", restart_count=0) for j in ids],
         }
     )
-    try:
+    async with answering(rig, "n16"):
         decision = await NodeDecisionSignals(rig.client).send(
             rig.cluster, "n16", policy, "report", report
         )
         await _until_rows(rig, decision, "action")
         await asyncio.sleep(1)
-    finally:
-        server.close()
-        await server.wait_closed()
     assert rig.sched.nodes["n16"].drain_flag
     assert rig.sched.requeues == [] and rig.audit.of(decision, "requeue_batch") == []
 
 
 async def test_a_report_a_fresh_probe_does_not_confirm_convicts_nothing(rig: Rig) -> None:
     policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
-    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    rig.sched.set_node("n10", address="127.0.0.1", port=port)
-    try:
+    async with answering(rig, "n10"):
         decision = await NodeDecisionSignals(rig.client).send(
             rig.cluster, "n10", policy, "report", _report("n10", 1)
         )
         [row] = await _until_rows(rig, decision, "node_report")
-    finally:
-        server.close()
-        await server.wait_closed()
     # slurmd answered the decision's own probe: the watcher's word alone drains nothing.
     assert row.data["convicted"] is False and "fresh probe had an answer" in row.summary
     assert not rig.sched.nodes["n10"].drain_flag and rig.audit.of(decision, "plan") == []
@@ -631,8 +699,6 @@ async def test_a_reported_xid_in_the_nodes_own_kernel_log_drains_a_node_that_sti
     rig: Rig,
 ) -> None:
     policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
-    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
-    rig.sched.set_node("n11", address="127.0.0.1", port=server.sockets[0].getsockname()[1])
     line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
     report = _report("n11", 2).model_copy(
         update={
@@ -643,14 +709,11 @@ async def test_a_reported_xid_in_the_nodes_own_kernel_log_drains_a_node_that_sti
             "remedy": "reboot",
         }
     )
-    try:
+    async with answering(rig, "n11"):
         decision = await NodeDecisionSignals(rig.client).send(
             rig.cluster, "n11", policy, "report", report
         )
         [drain] = await _until_rows(rig, decision, "action")
-    finally:
-        server.close()
-        await server.wait_closed()
     # Drained on its kernel log's word; its slurmd answers, so it is not fenced.
     assert drain.data["step"] == "drain" and rig.sched.nodes["n11"].drain_flag
     [plan] = rig.audit.of(decision, "plan")
