@@ -31,7 +31,8 @@ from relaunch.models.node_decision import (
     Joined,
     JoinInput,
     JoinRequest,
-    LateReportInput,
+    LookAgainInput,
+    LookAgainResult,
     NodePlan,
     NodePlanInput,
     ReportedJob,
@@ -51,7 +52,7 @@ from relaunch.models.recovery import (
     RecordEventInput,
     Stage,
 )
-from relaunch.models.scheduler import ActionResult, JobState, Node
+from relaunch.models.scheduler import ActionResult, JobState, Node, NodeState
 
 
 @dataclass(frozen=True)
@@ -254,41 +255,57 @@ class NodeActivities:
                 plan = plan.model_copy(update={"ahead": ahead})
         return plan
 
-    @activity.defn(name="requeue_late_report")
+    @activity.defn(name="look_again")
     @typed_errors
     @keeps_heartbeating
-    async def requeue_late_report(self, inp: LateReportInput) -> list[Ahead]:
-        """The watcher's report reached the decision after it had isolated the node: requeue
-        the report's jobs that have not joined, as `plan_node` does with a report it has, once a
-        fresh read finds the node still out of service and a fresh probe its slurmd silent (a
-        node someone returned, or whose slurmd answers, may still run its jobs)."""
+    async def look_again(self, inp: LookAgainInput) -> LookAgainResult:
+        """A second look at a drained node whose reported jobs were not requeued ahead (see
+        `LookAgainInput`): on a fresh read (still out of service) and a fresh probe (slurmd
+        silent), fence it and requeue ahead the report's jobs that have not joined. A node
+        someone returned, or whose slurmd answers, may still run its jobs: nothing is done."""
         nodes = await self.deps.scheduler.list_nodes()
         node = next((n for n in nodes if n.name == inp.node), None)
-        silent = inp.node in await unreachable_now(self.deps.prober(), [node] if node else [])
-        joined = set(inp.joined)
-        jobs = [j for j in inp.report.running if j.job_id not in joined]
-        if node is None or not node.drain_flag or not silent:
-            why = (
+        if node is None or not node.drain_flag:
+            await self._not_ahead(
+                inp,
                 "Slurm does not list it"
                 if node is None
-                else f"it is back in service ({node.display_state})"
-                if not node.drain_flag
-                else "its slurmd answers a fresh probe"
+                else f"it is back in service ({node.display_state})",
             )
-            await self.deps.audit_row(
-                inp.decision_id,
-                "node_report",
-                f"the watcher's report of {inp.node} came after the drain, but {why}: its "
-                f"{len(jobs)} jobs are requeued as their recoveries join",
-                dedupe="node_report:late",
-                nodes=[inp.node],
-                data={"report": inp.report.model_dump(mode="json"), "late": True},
-            )
-            return []
-        return await self._requeue_ahead(inp, jobs, late=True)
+            return LookAgainResult(looked="back")
+        if inp.node not in await unreachable_now(self.deps.prober(), [node]):
+            if inp.last:
+                await self._not_ahead(inp, "its slurmd still answers a fresh probe")
+            return LookAgainResult(looked="answers")
+        if node.state is not NodeState.DOWN:
+            fence = inp.plan.model_copy(update={"drain": False, "fence": True, "guards": []})
+            act = ActInput(incident_id=inp.decision_id, cluster=inp.cluster, plan=fence.isolation())
+            fenced = await ActionActivities(self.deps).isolate(act)
+            if not fenced.ok:  # the guard, re-checked: nothing more is done on this node
+                return LookAgainResult(looked="back")
+        joined = set(inp.joined)
+        jobs = [j for j in inp.report.running if j.job_id not in joined]
+        return LookAgainResult(
+            looked="silent", ahead=await self._requeue_ahead(inp, jobs, second_look=True)
+        )
+
+    async def _not_ahead(self, inp: LookAgainInput, why: str) -> None:
+        await self.deps.audit_row(
+            inp.decision_id,
+            "node_report",
+            f"no requeue ahead of the joins on {inp.node}: {why}; its jobs are requeued as "
+            "their recoveries join",
+            dedupe="node_report:look_again",
+            nodes=[inp.node],
+            data={"report": inp.report.model_dump(mode="json"), "look_again": True},
+        )
 
     async def _requeue_ahead(
-        self, inp: NodePlanInput | LateReportInput, jobs: list[ReportedJob], *, late: bool = False
+        self,
+        inp: NodePlanInput | LookAgainInput,
+        jobs: list[ReportedJob],
+        *,
+        second_look: bool = False,
     ) -> list[Ahead]:
         """Requeue the report's jobs (each within its restart budget) with one batch, ahead of
         their recoveries' joins; one row in the decision's incident. Each job's own restart row
@@ -334,7 +351,7 @@ class NodeActivities:
             "requeue_batch",
             f"batch 0: {len(ahead)} of {len(jobs)} jobs requeued in {took:.1f} s, ahead of "
             f"their recoveries' joins ({inp.node} isolated, its slurmd silent to a fresh probe"
-            + ("; the watcher's report came after the drain" if late else "")
+            + ("; found so on a second look" if second_look else "")
             + ")"
             + (f"; {len(left)} left to their joins (cancelled, or budget spent)" if left else ""),
             dedupe=f"{inp.decision_id}:requeue_batch:0",
@@ -342,7 +359,7 @@ class NodeActivities:
             data={
                 "batch": 0,
                 "ahead": True,
-                **({"late_report": True} if late else {}),
+                **({"second_look": True} if second_look else {}),
                 "jobs": [j.job_id for j in jobs],
                 "outcomes": outcomes,
                 "left": left,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -247,11 +248,13 @@ class NodePlanInput(BaseModel):
     )
 
 
-class LateReportInput(BaseModel):
-    """The watcher's report that reached a decision after it had planned and isolated the node
-    (a job's join started it): requeue the report's jobs that have not joined yet, as
-    `plan_node` would have (`NodePlanInput.requeue_ahead`), once a fresh read finds the node
-    still out of service and a fresh probe its slurmd still silent."""
+class LookAgainInput(BaseModel):
+    """A second look at a node the decision drained with the watcher's report in hand, where its
+    jobs were not requeued ahead: the report came only after the drain (a job's join started the
+    decision), or the node's slurmd still answered plan_node's probe (an Xid line is often
+    written before the node dies). Once a fresh read finds the node still out of service and a
+    fresh probe its slurmd silent, the node is fenced (if it is not down yet) and the report's
+    jobs that have not joined are requeued ahead, as `plan_node` does."""
 
     model_config = STRICT
 
@@ -259,12 +262,26 @@ class LateReportInput(BaseModel):
     cluster: str
     node: str
     report: NodeReport
+    plan: NodePlan = Field(description="the decision's plan (the fence goes by its guard)")
     policy: Policy
     joined: list[str] = Field(
         default_factory=list,
         max_length=2000,  # of the report's jobs, as many as it lists
         description="the report's jobs whose recoveries joined already: their batches requeue them",
     )
+    last: bool = Field(
+        default=False, description="the decision's last look: say so when the node still answers"
+    )
+
+
+class LookAgainResult(BaseModel):
+    model_config = STRICT
+
+    looked: Literal["silent", "answers", "back"] = Field(
+        description="silent: fenced and the jobs requeued ahead; answers: its slurmd answers, "
+        "look again later; back: no longer out of service (or no longer listed), stop looking"
+    )
+    ahead: list[Ahead] = Field(default_factory=list)
 
 
 class NodeActInput(BaseModel):

@@ -63,7 +63,7 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         node.join_node_decisions,
         node.plan_node,
         node.requeue_batch,
-        node.requeue_late_report,
+        node.look_again,
     ]
 
 

@@ -20,6 +20,7 @@ Orchestration only: every decision and side effect is an activity.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -35,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         BatchJob,
         JobOutcome,
         JoinRequest,
-        LateReportInput,
+        LookAgainInput,
         NodeDecisionInput,
         NodeDecisionStatus,
         NodePlan,
@@ -77,10 +78,14 @@ PLAN_ISOLATES = "node-plan-isolates"
 # join: a rack's jobs are back in the queue seconds after the failure, not after hundreds of
 # recoveries have gathered their evidence. The joins then only complete each job's trail.
 REQUEUE_AHEAD = "node-requeue-ahead"
-# Decisions started after this patch requeue ahead from a report that reaches them only after
-# they have isolated the node (a job's join started the decision, the report came meanwhile):
-# one step more (`requeue_late_report`), for the jobs that have not joined yet.
-REQUEUE_LATE_REPORT = "node-requeue-late-report"
+# Decisions started after this patch look at a drained node again (`look_again`) when they
+# hold the watcher's report but did not requeue its jobs ahead: the report came after the drain
+# (a job's join started the decision), or the node's slurmd still answered plan_node's probe (a
+# node's Xid line is often written before it dies). Once the slurmd is silent, the node is
+# fenced and the report's jobs that have not joined are requeued ahead.
+LOOK_AGAIN = "node-look-again"
+# When to look, after the drain; a report that comes later is looked at once.
+LOOKS = tuple(timedelta(seconds=s) for s in (1, 3, 6, 10, 20))
 
 # How long a decision stays open after its last join: later detections of the same failure
 # (a job whose recovery was slow to start, a straggler's hang) join it instead of starting the
@@ -122,9 +127,13 @@ class NodeDecisionWorkflow:
         self._final: tuple[JobOutcome, str] | None = None
         self._report: NodeReport | None = None
         self._isolates_at_plan = False
-        # REQUEUE_LATE_REPORT; whether plan_node had the report (or its late step ran).
-        self._late_reports = False
+        # LOOK_AGAIN: whether plan_node had the report, when the node was isolated, how many
+        # looks were made, and whether looking is over.
+        self._looks_again = False
         self._report_used = False
+        self._isolated_at: datetime | None = None
+        self._looks = 0
+        self._looked = False
         # The jobs plan_node requeued ahead of their joins, by job id (REQUEUE_AHEAD).
         self._ahead: dict[str, Ahead] = {}
         # Set when the node turned out to be back in service: why the decision closed.
@@ -284,7 +293,7 @@ class NodeDecisionWorkflow:
     @workflow.run
     async def run(self, inp: NodeDecisionInput) -> NodeDecisionStatus:
         self._isolates_at_plan = workflow.patched(PLAN_ISOLATES)
-        self._late_reports = workflow.patched(REQUEUE_LATE_REPORT)
+        self._looks_again = workflow.patched(LOOK_AGAIN)
         self._input = inp
         self._id = workflow.info().workflow_id
         workflow.upsert_search_attributes(
@@ -317,6 +326,7 @@ class NodeDecisionWorkflow:
             workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
             if plan.isolated is not None:  # planned and isolated in one step (PLAN_ISOLATES)
                 ok = plan.isolated.ok
+                self._isolated_at = workflow.now()
                 self._final = None if ok else (JobOutcome.HOLD, plan.isolated.detail)
             else:
                 self._final = await self._decide(plan)
@@ -463,68 +473,32 @@ class NodeDecisionWorkflow:
         return None
 
     async def _joined_within_window(self) -> bool:
-        """Wait up to JOIN_WINDOW for a job to join (or a late report to act on); whether one
-        did."""
+        """Wait up to JOIN_WINDOW for a job to join (or a report that came late, to look at
+        the node for: LOOK_AGAIN); whether either did."""
         try:
             await workflow.wait_condition(
-                lambda: bool(self._pending) or self._late_report_due(),
+                lambda: bool(self._pending) or self._look_due_at() is not None,
                 timeout=JOIN_WINDOW,
                 timeout_summary="join window",
             )
         except TimeoutError:
-            return bool(self._pending) or self._late_report_due()
+            return bool(self._pending) or self._look_due_at() is not None
         return True
-
-    def _late_report_due(self) -> bool:
-        """Whether the watcher's report came after plan_node had isolated the node on its own
-        (REQUEUE_LATE_REPORT): its jobs that have not joined are requeued ahead then."""
-        plan = self._plan
-        return (
-            self._late_reports
-            and not self._report_used
-            and self._report is not None
-            and self._final is None
-            and plan is not None
-            and plan.isolated is not None
-            and plan.isolated.ok
-        )
-
-    async def _requeue_late_report(self) -> None:
-        """Requeue ahead the late report's jobs that have not joined yet (their batches
-        requeue the others); a job that joins meanwhile is matched when this step is done."""
-        inp, report = self._input, self._report
-        assert inp is not None and report is not None
-        self._report_used = True
-        joined = {r.job_id for r in self._joined.values()}
-        try:
-            ahead = await call(
-                NodeActivities.requeue_late_report,
-                LateReportInput(
-                    decision_id=self._id,
-                    cluster=inp.cluster,
-                    node=inp.node,
-                    report=report,
-                    policy=inp.policy,
-                    joined=[j.job_id for j in report.running if j.job_id in joined],
-                ),
-                REQUEUE,
-                f"requeue ahead the late report's jobs of {inp.node}",
-            )
-        except ActivityError as err:  # their joins requeue them, as without the report
-            workflow.logger.warning("late report of %s: %s", inp.node, err)
-            return
-        self._ahead.update({a.job_id: a for a in ahead})
 
     async def _serve_joins(self) -> None:
         """Requeue (or tell the fate of) every job that joined, batch by batch, until no job
-        has joined for JOIN_WINDOW."""
+        has joined for JOIN_WINDOW; look at the node again when due (LOOK_AGAIN)."""
         inp = self._input
         assert inp is not None
         while True:
-            if not self._pending and not await self._joined_within_window():
-                return
-            if self._late_report_due():
-                await self._requeue_late_report()
+            if not self._pending:
+                if self._look_due_at() is None:
+                    if not await self._joined_within_window():
+                        return
+                else:
+                    await self._until_joined_or_look()
+            if self._look_due():
+                await self._look_again()
             if not self._pending:
                 continue
             taken = self._take_pending()
@@ -553,6 +527,75 @@ class NodeDecisionWorkflow:
                     rest = [r for b in batches[i + 1 :] for r in b] + self._take_pending()
                     await self._tell(rest, self._update(JobOutcome.FAILED, self._back))
                     return
+
+    # ------------------------------------------------------------------ look again
+
+    def _look_due_at(self) -> datetime | None:
+        """When to look at the node again (LOOK_AGAIN), or None: a decision that drained the
+        node on its own (autonomous), holds the watcher's report of its jobs, and has not
+        requeued them ahead, because the report came after the drain or the node still
+        answered plan_node's probe (then it was drained, not fenced)."""
+        plan, report, at = self._plan, self._report, self._isolated_at
+        if not self._looks_again or self._looked or report is None or not report.running:
+            return None
+        if plan is None or plan.isolated is None or not plan.isolated.ok or at is None:
+            return None
+        if self._final is not None or self._looks >= len(LOOKS):
+            return None
+        if self._report_used and not (plan.drain and not plan.fence):
+            return None  # plan_node requeued ahead (or the node was out before: not ours)
+        return at + LOOKS[self._looks]
+
+    def _look_due(self) -> bool:
+        due = self._look_due_at()
+        return due is not None and workflow.now() >= due
+
+    async def _until_joined_or_look(self) -> None:
+        """Wait for a join, a late report, or the next look, whichever comes first."""
+        due = self._look_due_at()
+        assert due is not None
+        wait = due - workflow.now()
+        if wait <= timedelta(0):
+            return
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: bool(self._pending) or self._look_due(),
+                timeout=wait,
+                timeout_summary="look at the node again",
+            )
+
+    async def _look_again(self) -> None:
+        """One look (`look_again`): once the node's slurmd is silent, it is fenced and the
+        report's jobs that have not joined are requeued ahead (their batches requeue the
+        others); a job that joins meanwhile is matched when the look is done."""
+        inp, report, plan = self._input, self._report, self._plan
+        assert inp is not None and report is not None and plan is not None
+        self._report_used = True  # a report that came late is looked at once, then as planned
+        self._looks += 1
+        joined = {r.job_id for r in self._joined.values()}
+        try:
+            looked = await call(
+                NodeActivities.look_again,
+                LookAgainInput(
+                    decision_id=self._id,
+                    cluster=inp.cluster,
+                    node=inp.node,
+                    report=report,
+                    plan=plan,
+                    policy=inp.policy,
+                    joined=[j.job_id for j in report.running if j.job_id in joined],
+                    last=self._looks >= len(LOOKS),
+                ),
+                REQUEUE,
+                f"look at {inp.node} again ({self._looks} of {len(LOOKS)})",
+            )
+        except ActivityError as err:  # their joins requeue them, as without the report
+            workflow.logger.warning("look at %s again: %s", inp.node, err)
+            self._looked = True
+            return
+        if looked.looked != "answers":
+            self._looked = True
+        self._ahead.update({a.job_id: a for a in looked.ahead})
 
     def _requeues(self, request: JoinRequest) -> bool:
         """Whether this decision requeues the job: it names this node to, and either a person

@@ -16,7 +16,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -74,6 +74,7 @@ from relaunch.models.recovery import (
 )
 from relaunch.models.scheduler import Job, JobState, Node, NodeState
 from relaunch.workers.worker import WORKFLOW_RUNNER
+from relaunch.workflows import node_decision as node_decision_module
 from relaunch.workflows import recovery_client
 from relaunch.workflows.node_decision import NodeDecisionWorkflow
 from relaunch.workflows.recovery import (
@@ -241,7 +242,7 @@ async def rig() -> AsyncIterator[Rig]:
             node.join_node_decisions,
             node.plan_node,
             node.requeue_batch,
-            node.requeue_late_report,
+            node.look_again,
             actions.verify_check,
         ]
         rig.steps = steps
@@ -620,7 +621,7 @@ async def test_a_report_that_comes_after_the_drain_requeues_the_jobs_not_yet_joi
         == decision
     )
     late = [
-        r for r in await _until_rows(rig, decision, "requeue_batch", 2) if r.data.get("late_report")
+        r for r in await _until_rows(rig, decision, "requeue_batch", 2) if r.data.get("second_look")
     ]
     assert [r.data["jobs"] for r in late] == [ids[1:]]  # the first job joined: its batch did it
     assert "3 of 3 jobs requeued" in late[0].summary
@@ -632,6 +633,7 @@ async def test_a_report_that_comes_after_the_drain_requeues_the_jobs_not_yet_joi
     await replays(rig.client, decision, "node_decision_late_report")
 
 
+@pytest.mark.usefixtures("quick_looks")
 async def test_a_late_report_of_a_node_that_answers_requeues_nothing_ahead(rig: Rig) -> None:
     """The same late report, but the node's slurmd answers a fresh probe by then: its jobs may
     still run, so each waits for its own recovery's join."""
@@ -647,17 +649,14 @@ async def test_a_late_report_of_a_node_that_answers_requeues_nothing_ahead(rig: 
             rig.cluster, "n19", policy, "report", report
         )
         [row] = await _until_rows(rig, decision, "node_report")
-    assert row.data["late"] is True and "slurmd answers a fresh probe" in row.summary
+    assert row.data["look_again"] is True and "still answers" in row.summary
     assert rig.sched.requeues == [ids[0]]
     assert not [r for r in rig.audit.of(decision, "requeue_batch") if r.data.get("ahead")]
 
 
-async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> None:
-    """An Xid in the node's own kernel log drains it, but its slurmd answers: its jobs may still
-    run, so none is requeued until its own recovery (a detected interruption) joins."""
-    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
-    ids = jobs_on(rig, "n16", 2, 1800)
-    report = _report("n16", 2).model_copy(
+def _xid_report(node: str, ids: list[str]) -> NodeReport:
+    """The watcher's report of an Xid 79 in ``node``'s own kernel log, with its jobs."""
+    return _report(node, len(ids)).model_copy(
         update={
             "source": DetectionSource.NODE_LOG,
             "kind": "signature:xid_79",
@@ -666,14 +665,56 @@ async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> N
             "running": [ReportedJob(job_id=j, partition="gpu", restart_count=0) for j in ids],
         }
     )
+
+
+@pytest.fixture
+def quick_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decisions' second looks at a node 0.2–0.8 s after the drain (1–20 s in service)."""
+    looks = tuple(timedelta(seconds=s) for s in (0.2, 0.4, 0.8))
+    monkeypatch.setattr(node_decision_module, "LOOKS", looks)
+
+
+@pytest.mark.usefixtures("quick_looks")
+async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> None:
+    """An Xid in the node's own kernel log drains it, but its slurmd answers, also to every
+    second look: its jobs may still run, so none is requeued until its own recovery (a detected
+    interruption) joins; the decision says why."""
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    ids = jobs_on(rig, "n16", 2, 1800)
     async with answering(rig, "n16"):
         decision = await NodeDecisionSignals(rig.client).send(
-            rig.cluster, "n16", policy, "report", report
+            rig.cluster, "n16", policy, "report", _xid_report("n16", ids)
         )
-        await _until_rows(rig, decision, "action")
-        await asyncio.sleep(1)
-    assert rig.sched.nodes["n16"].drain_flag
-    assert rig.sched.requeues == [] and rig.audit.of(decision, "requeue_batch") == []
+        [row] = await _until_rows(rig, decision, "node_report")
+        assert row.data["look_again"] is True and "still answers" in row.summary
+        assert rig.sched.nodes["n16"].drain_flag
+        assert [r.data["step"] for r in rig.audit.of(decision, "action")] == ["drain"]
+        assert rig.sched.requeues == [] and rig.audit.of(decision, "requeue_batch") == []
+
+
+@pytest.mark.usefixtures("quick_looks")
+async def test_a_drained_node_whose_slurmd_dies_later_is_fenced_and_its_jobs_requeued(
+    rig: Rig,
+) -> None:
+    """The Xid line came before the node died: plan_node's probe had an answer, so the node was
+    drained, not fenced. A second look finds its slurmd silent: the node is fenced and its
+    reported jobs requeued ahead of their joins."""
+    policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
+    ids = jobs_on(rig, "n14", 3, 1600)
+    async with answering(rig, "n14"):
+        decision = await NodeDecisionSignals(rig.client).send(
+            rig.cluster, "n14", policy, "report", _xid_report("n14", ids)
+        )
+        [drain] = await _until_rows(rig, decision, "action")
+        assert drain.data["step"] == "drain" and rig.sched.requeues == []
+    [ahead] = await _until_rows(rig, decision, "requeue_batch")  # the port now refuses
+    assert ahead.data["second_look"] is True and "3 of 3 jobs requeued" in ahead.summary
+    steps = [r.data["step"] for r in rig.audit.of(decision, "action")]
+    assert steps == ["drain", "fence"] and rig.sched.nodes["n14"].state is NodeState.DOWN
+    assert sorted(rig.sched.requeues) == sorted(ids)
+    await join_requeued_ahead(rig, ids, policy, decision)
+    assert sorted(rig.sched.requeues) == sorted(ids)  # nothing requeued twice
+    await replays(rig.client, decision, "node_decision_looked_again")
 
 
 async def test_a_report_a_fresh_probe_does_not_confirm_convicts_nothing(rig: Rig) -> None:

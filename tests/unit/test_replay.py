@@ -45,8 +45,9 @@ def test_histories_are_committed() -> None:
     # A decision that requeued its reported jobs ahead of their joins (patch node-requeue-ahead),
     # and one started by a report before that patch.
     assert {"node_decision_requeued_ahead", "node_decision_reported.before-requeue-ahead"} <= names
-    # One whose report came after it had isolated the node (patch node-requeue-late-report).
-    assert "node_decision_late_report" in names
+    # Second looks (patch node-look-again): a decision whose report came after it had isolated
+    # the node, and one whose node's slurmd died after plan_node's probe.
+    assert {"node_decision_late_report", "node_decision_looked_again"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
