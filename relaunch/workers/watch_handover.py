@@ -8,6 +8,10 @@ the handover of the jobs' detections, once per node in ``REPORT_QUIET_S``: the d
 the node while the recoveries of its jobs are still starting. The report lists the node's
 watched jobs that run on no other reported node: once the decision has fenced the node (its
 slurmd silent to a fresh probe), it requeues them at once. Job output never leads to a report.
+The first detections of those jobs are handed over once the watcher sees the node drained (or
+``DECISION_LEAD_S`` after the report): when a rack fails, the decisions drain and requeue while
+hundreds of recoveries would otherwise be starting on the same worker and server, and each
+recovery, when it starts, joins a decision that has done its work.
 
 **Later signs.** One interruption shows several signs a few seconds apart: a node's Xid line,
 then its probes failing, then Slurm's job and node states, then the job's requeue. The first
@@ -50,6 +54,9 @@ REPORT_LEAD_S = 2.0
 REPORT_SEND_S = 0.05
 # At most this many of a node's jobs go with its report (NodeReport.running); any more join.
 REPORT_JOBS_MAX = 2000
+# The first detections of a reported node's jobs wait at most this long after the report for
+# the watcher to see the node drained (its decision's first action) before they are handed over.
+DECISION_LEAD_S = 10.0
 
 # Recoveries remembered as handed over; the oldest are forgotten beyond this (a later sign of
 # one of those is then handed over at once, as a first one is: nothing is lost).
@@ -127,6 +134,8 @@ class NodeReports:
         # Xid lines of nodes' own kernel logs that drain a node, found since the last report.
         self._xids: dict[str, NodeReport] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # job id → (the reported node whose decision may requeue it, when reported; monotonic)
+        self._deciding: dict[str, tuple[str, float]] = {}
 
     def kernel_log(self, node: str, matches: list[SignatureMatch]) -> None:
         """Keep the first line of the node's own kernel log in ``matches`` that the Xid
@@ -146,6 +155,26 @@ class NodeReports:
                     detected_at=datetime.now(UTC),
                 )
                 return
+
+    def defers(self, det: Detection, now: float) -> bool:
+        """Whether to hand ``det`` over later: its job is one a node decision may requeue
+        ahead of its join (listed in the node's report), the node not yet seen drained, and the
+        report younger than DECISION_LEAD_S."""
+        deciding = self._deciding.get(det.job_id)
+        if deciding is None:
+            return False
+        if now - deciding[1] < DECISION_LEAD_S:
+            return True
+        del self._deciding[det.job_id]
+        return False
+
+    def nodes_seen(self, drained: set[str]) -> None:
+        """The poll's listing: the jobs of the reported nodes it lists drained are handed over
+        (their decisions have acted)."""
+        if self._deciding and drained:
+            for job_id, (node, _) in list(self._deciding.items()):
+                if node in drained:
+                    del self._deciding[job_id]
 
     @property
     def waiting(self) -> bool:
@@ -224,6 +253,10 @@ class NodeReports:
                 logger.exception("reporting node %s failed", report.node)
                 self._reported.pop(report.node, None)
                 return
+            # Its decision has the report: the jobs' recoveries wait for its drain.
+            reported = time.monotonic()
+            for job in report.running:
+                self._deciding[job.job_id] = (report.node, reported)
             logger.info(
                 "node report", extra={"node": report.node, "kind": report.kind, "jobs": report.jobs}
             )

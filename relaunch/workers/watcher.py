@@ -216,6 +216,7 @@ class Watcher:
         nodes: dict[str, Node] = {}
         if any(job.state is JobState.RUNNING for job in jobs):
             nodes = {node.name: node for node in await self._scheduler.list_nodes()}
+            self._reports.nodes_seen({name for name, node in nodes.items() if node.drain_flag})
         found: list[Detection] = []
         async with self._pass_lock:
             self._pass += 1
@@ -430,6 +431,8 @@ class Watcher:
         for det in pending:
             groups.setdefault(det.workflow_id, []).append(det)
         delivered = {id(det) for det in self._follow_ups.hold(groups, now)}
+        if not final:  # the jobs a node decision is requeuing: started once it has drained
+            groups = {w: d for w, d in groups.items() if not self._reports.defers(d[0], now)}
         gate = asyncio.Semaphore(self.config.deliver_parallel)
         failed = False
 

@@ -32,7 +32,8 @@ from relaunch.connectors.telemetry.heartbeat import (
 from relaunch.models.config import ClusterConfig, WatchSettings
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState, Node, NodeState, comment_duration
+from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState, comment_duration
+from relaunch.workers import watch_handover
 from relaunch.workers.watch_liveness import Heartbeat
 from relaunch.workers.watch_main import liveness_monitor, watch_config
 from relaunch.workers.watcher import WatchConfig, Watcher
@@ -199,16 +200,62 @@ async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
     found = watcher.read_logs_once()
     assert sorted(d.job_id for d in found) == ["201", "202"]
     await watcher._reports.report(found)
-    await watcher._deliver(collections.deque(found))
-    # One report for the node (what the probes saw, its watched jobs), and the jobs' own.
-    assert sorted(order) == ["job 201", "job 202", "node n2"]
+    pending = collections.deque(found)
+    await watcher._deliver(pending)
+    # One report for the node (what the probes saw, its watched jobs); the jobs' own recoveries
+    # wait for its decision to drain it (it requeues them ahead of their joins).
+    assert order == ["node n2"] and len(pending) == 2
     [report] = reports
     assert (report.node, report.jobs, report.partitions) == ("n2", 2, ["debug", "gpu"])
+    assert [j.job_id for j in report.running] == ["201", "202"]
     assert report.failing_since == found[0].fault_time and "refused ×3" in report.text
+    # The poll sees n2 drained: the recoveries start, and join a decision that has acted.
+    scheduler = watcher._scheduler
+    assert isinstance(scheduler, FakeScheduler)
+    scheduler.set_node("n2", flags=[NodeFlag.DRAIN])
+    await watcher.poll_once()
+    await watcher._deliver(pending)
+    assert sorted(order) == ["job 201", "job 202", "node n2"] and not pending
     # The same failure is not reported again (a later detection of it, a redelivery).
     await watcher._reports.report(found)
     await watcher._deliver(collections.deque(found))
     assert len(reports) == 1
+
+
+async def test_a_reported_nodes_jobs_are_handed_over_after_the_lead_without_a_drain(
+    nodes: dict[str, Slurmd], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A decision that does not drain (it waits for an approval, its guard refused): the
+    jobs' recoveries start DECISION_LEAD_S after the report all the same."""
+    monkeypatch.setattr(watch_handover, "DECISION_LEAD_S", 0.3)
+    order: list[str] = []
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"job {det.job_id}")
+
+    async def on_node_report(report: NodeReport) -> None:
+        order.append(f"node {report.node}")
+
+    monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
+    watcher = Watcher(
+        WatchConfig(cluster="dev"),
+        cluster(nodes, [job("301", ["n2"], tmp_path / "301.out")]),
+        on_detection,
+        liveness=monitor,
+        on_node_report=on_node_report,
+    )
+    assert await watcher.poll_once() == []
+    await nodes["n2"].kill()
+    for _ in range(3):
+        await monitor.probe_once()
+    found = watcher.read_logs_once()
+    await watcher._reports.report(found)
+    pending = collections.deque(found)
+    await watcher._deliver(pending)
+    assert order == ["node n2"]
+    await asyncio.sleep(0.3)
+    await watcher._deliver(pending)
+    assert order == ["node n2", "job 301"] and not pending
 
 
 async def test_detection_within_failures_times_interval_while_running(
