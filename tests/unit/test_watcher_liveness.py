@@ -167,6 +167,22 @@ async def test_a_dead_slurmd_is_reported_after_three_failed_probes(
     assert watcher.stats.probe_failures == 4
 
 
+async def n2_dies_and_is_reported(
+    watcher: Watcher, nodes: dict[str, Slurmd], monitor: LivenessMonitor
+) -> tuple[list[Detection], collections.deque[Detection]]:
+    """n2's slurmd dies; three probe rounds find it; a log pass detects its jobs, the watcher
+    reports n2, then hands the detections over. What was found, and what is still pending."""
+    assert await watcher.poll_once() == []
+    await nodes["n2"].kill()
+    for _ in range(3):
+        await monitor.probe_once()
+    found = watcher.read_logs_once()
+    await watcher._reports.report(found)
+    pending = collections.deque(found)
+    await watcher._deliver(pending)
+    return found, pending
+
+
 async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
     nodes: dict[str, Slurmd], tmp_path: Path
 ) -> None:
@@ -193,15 +209,8 @@ async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
         liveness=monitor,
         on_node_report=on_node_report,
     )
-    assert await watcher.poll_once() == []
-    await nodes["n2"].kill()
-    for _ in range(3):
-        await monitor.probe_once()
-    found = watcher.read_logs_once()
+    found, pending = await n2_dies_and_is_reported(watcher, nodes, monitor)
     assert sorted(d.job_id for d in found) == ["201", "202"]
-    await watcher._reports.report(found)
-    pending = collections.deque(found)
-    await watcher._deliver(pending)
     # One report for the node (what the probes saw, its watched jobs); the jobs' own recoveries
     # wait for its decision to drain it (it requeues them ahead of their joins).
     assert order == ["node n2"] and len(pending) == 2
@@ -244,14 +253,7 @@ async def test_a_reported_nodes_jobs_are_handed_over_after_the_lead_without_a_dr
         liveness=monitor,
         on_node_report=on_node_report,
     )
-    assert await watcher.poll_once() == []
-    await nodes["n2"].kill()
-    for _ in range(3):
-        await monitor.probe_once()
-    found = watcher.read_logs_once()
-    await watcher._reports.report(found)
-    pending = collections.deque(found)
-    await watcher._deliver(pending)
+    _, pending = await n2_dies_and_is_reported(watcher, nodes, monitor)
     assert order == ["node n2"]
     await asyncio.sleep(0.3)
     await watcher._deliver(pending)
