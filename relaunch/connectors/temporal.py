@@ -4,6 +4,7 @@ watcher, the command line and the console."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -77,6 +78,14 @@ async def connect(config: ClusterConfig) -> Client:
         ) from exc
 
 
+# A node decision's workflow tasks take milliseconds (a few hundred under a burst's load). One
+# that a worker took and never answered (measured in a 500-job burst on 2 cores: the first task
+# of one decision of four, on a worker busy with the others) is handed out again after this
+# long instead of Temporal's default 10 s: the node's drain, every job's first action, waits
+# for it.
+DECISION_TASK_TIMEOUT = timedelta(seconds=4)
+
+
 class NodeDecisionSignals:
     """Signal-with-start into a node's current decision (relaunch/workflows/node_decision.py):
     the running one, or the node's next when the latest has closed. A closed decision is never
@@ -105,6 +114,7 @@ class NodeDecisionSignals:
                     start_signal=signal,
                     start_signal_args=[arg],
                     id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    task_timeout=DECISION_TASK_TIMEOUT,
                 )
             except WorkflowAlreadyStartedError:
                 n += 1

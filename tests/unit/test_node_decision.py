@@ -32,7 +32,7 @@ from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.activities.node import NodeActivities
 from relaunch.connectors.audit import AuditStore, StoredEvent
-from relaunch.connectors.temporal import NodeDecisionSignals
+from relaunch.connectors.temporal import DECISION_TASK_TIMEOUT, NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import InvalidNameError
@@ -485,6 +485,10 @@ async def test_the_watchers_report_drains_the_node_before_any_job_joins(rig: Rig
     signals = NodeDecisionSignals(rig.client)
     decision = await signals.send(rig.cluster, "n9", policy, "report", _report("n9", 4))
     assert decision == node_decision_id(rig.cluster, "n9", 1)
+    # A workflow task a worker took and never answered is handed out again after 4 s, not 10.
+    described = await rig.client.get_workflow_handle(decision).describe()
+    config = described.raw_description.execution_config
+    assert config.default_workflow_task_timeout.ToTimedelta() == DECISION_TASK_TIMEOUT
     steps = {
         r.data["step"]: r.data["changed"] for r in await _until_rows(rig, decision, "action", 2)
     }
