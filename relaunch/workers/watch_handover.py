@@ -245,6 +245,10 @@ class NodeReports:
                 )
                 for j in alone[:REPORT_JOBS_MAX]
             ]
+            # The jobs' recoveries wait for the decision's drain, from now: a report whose
+            # round trip is slow (a loaded server) must not let 500 recoveries start first.
+            for job in report.running:
+                self._deciding[job.job_id] = (node, now)
 
         async def one(report: NodeReport) -> None:
             try:
@@ -252,11 +256,9 @@ class NodeReports:
             except Exception:
                 logger.exception("reporting node %s failed", report.node)
                 self._reported.pop(report.node, None)
+                for job in report.running:  # no decision has it: the recoveries go at once
+                    self._deciding.pop(job.job_id, None)
                 return
-            # Its decision has the report: the jobs' recoveries wait for its drain.
-            reported = time.monotonic()
-            for job in report.running:
-                self._deciding[job.job_id] = (report.node, reported)
             logger.info(
                 "node report", extra={"node": report.node, "kind": report.kind, "jobs": report.jobs}
             )

@@ -260,6 +260,45 @@ async def test_a_reported_nodes_jobs_are_handed_over_after_the_lead_without_a_dr
     assert order == ["node n2", "job 301"] and not pending
 
 
+async def test_a_reported_nodes_jobs_wait_from_the_report_and_go_at_once_if_it_fails(
+    nodes: dict[str, Slurmd], tmp_path: Path
+) -> None:
+    """The jobs' recoveries wait from the moment the report is made, not from its answer (a
+    loaded server answers late); a report that fails reaches no decision, so they go at once."""
+    order: list[str] = []
+    answered = asyncio.Event()
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"job {det.job_id}")
+
+    async def slow_then_fails(report: NodeReport) -> None:
+        await answered.wait()
+        raise RuntimeError("Temporal unavailable")
+
+    monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
+    watcher = Watcher(
+        WatchConfig(cluster="dev"),
+        cluster(nodes, [job("401", ["n2"], tmp_path / "401.out")]),
+        on_detection,
+        liveness=monitor,
+        on_node_report=slow_then_fails,
+    )
+    assert await watcher.poll_once() == []
+    await nodes["n2"].kill()
+    for _ in range(3):
+        await monitor.probe_once()
+    found = watcher.read_logs_once()
+    watcher._reports.start(found)  # the report's round trip is under way
+    await asyncio.sleep(0)
+    pending = collections.deque(found)
+    await watcher._deliver(pending)
+    assert order == [] and len(pending) == 1  # waiting for the decision, not for the answer
+    answered.set()
+    await watcher._reports.wait(timeout=5)
+    await watcher._deliver(pending)
+    assert order == ["job 401"] and not pending
+
+
 async def test_detection_within_failures_times_interval_while_running(
     nodes: dict[str, Slurmd], tmp_path: Path
 ) -> None:
