@@ -101,12 +101,19 @@ class NodeDecisionSignals:
         self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
     ) -> str:
         """Send ``signal`` with ``arg`` to ``node``'s current decision; its id."""
+        return (await self.send_and_say(cluster, node, policy, signal, arg))[0]
+
+    async def send_and_say(
+        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
+    ) -> tuple[str, bool]:
+        """``send``, and whether this signal started the decision (False: it reached one that
+        was running already, maybe since an earlier failure of the node)."""
         key = (cluster, node)
         n = self._latest.get(key, 1)
         for _ in range(MAX_DECISIONS_PER_NODE):
             decision = node_decision_id(cluster, node, n)
             try:
-                await self.client.start_workflow(
+                handle = await self.client.start_workflow(
                     NODE_DECISION_WORKFLOW,
                     NodeDecisionInput(cluster=cluster, node=node, n=n, policy=policy),
                     id=decision,
@@ -120,5 +127,8 @@ class NodeDecisionSignals:
                 n += 1
                 continue
             self._latest[key] = n
-            return decision
+            # Signal-with-start's answer says whether it started the run; the SDK keeps it on
+            # the handle, not in its API (an SDK without it: taken as started).
+            answer = getattr(handle, "_start_workflow_response", None)
+            return decision, bool(getattr(answer, "started", True))
         raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} decisions")

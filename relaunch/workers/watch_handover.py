@@ -42,7 +42,9 @@ from relaunch.models.scheduler import Job
 
 logger = logging.getLogger("relaunch.workers.watcher")
 
-NodeReportHandler = Callable[[NodeReport], Awaitable[None]]
+# Sends a report to the node's decision; False when that decision was running already (it may
+# be an earlier failure's, about to close: the jobs' recoveries do not wait for it).
+NodeReportHandler = Callable[[NodeReport], Awaitable[bool | None]]
 # A node is reported at most once in this long: the failure's later signs (more Xid lines, the
 # probes of a node still down) would reach the same node decision, which stays open this long
 # after its last join (workflows/node_decision.py, JOIN_WINDOW).
@@ -168,6 +170,11 @@ class NodeReports:
         del self._deciding[det.job_id]
         return False
 
+    def _release(self, report: NodeReport) -> None:
+        """The report's jobs are handed over at once: no new decision acts on it."""
+        for job in report.running:
+            self._deciding.pop(job.job_id, None)
+
     def nodes_seen(self, drained: set[str]) -> None:
         """The poll's listing: the jobs of the reported nodes it lists drained are handed over
         (their decisions have acted)."""
@@ -252,13 +259,14 @@ class NodeReports:
 
         async def one(report: NodeReport) -> None:
             try:
-                await handler(report)
+                started = await handler(report)
             except Exception:
                 logger.exception("reporting node %s failed", report.node)
                 self._reported.pop(report.node, None)
-                for job in report.running:  # no decision has it: the recoveries go at once
-                    self._deciding.pop(job.job_id, None)
+                self._release(report)  # no decision has it
                 return
+            if started is False:  # a decision running already: it may not act on it
+                self._release(report)
             logger.info(
                 "node report", extra={"node": report.node, "kind": report.kind, "jobs": report.jobs}
             )

@@ -75,9 +75,18 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
 
     signals = NodeDecisionSignals(client)
 
-    async def on_node_report(report: NodeReport) -> None:
-        decision = await signals.send(config.name, report.node, config.policy, "report", report)
-        log.info("reported node %s to %s: %s", report.node, decision, report.text)
+    async def on_node_report(report: NodeReport) -> bool:
+        decision, started = await signals.send_and_say(
+            config.name, report.node, config.policy, "report", report
+        )
+        log.info(
+            "reported node %s to %s%s: %s",
+            report.node,
+            decision,
+            "" if started else " (running already)",
+            report.text,
+        )
+        return started
 
     async def on_follow_ups(dets: list[Detection]) -> None:
         handed = await recovery_client.hand_over(client, config, dets)

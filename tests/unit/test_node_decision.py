@@ -483,12 +483,17 @@ async def test_the_watchers_report_drains_the_node_before_any_job_joins(rig: Rig
     ids = jobs_on(rig, "n9", 4, 900)
     # The watcher's probes found n9's slurmd gone: it reports the node, as `relaunch watch` does.
     signals = NodeDecisionSignals(rig.client)
-    decision = await signals.send(rig.cluster, "n9", policy, "report", _report("n9", 4))
-    assert decision == node_decision_id(rig.cluster, "n9", 1)
+    decision, started = await signals.send_and_say(
+        rig.cluster, "n9", policy, "report", _report("n9", 4)
+    )
+    assert decision == node_decision_id(rig.cluster, "n9", 1) and started
     # A workflow task a worker took and never answered is handed out again after 4 s, not 10.
     described = await rig.client.get_workflow_handle(decision).describe()
     config = described.raw_description.execution_config
     assert config.default_workflow_task_timeout.ToTimedelta() == DECISION_TASK_TIMEOUT
+    # A second report reaches the running decision: the watcher is told it started nothing.
+    again = await signals.send_and_say(rig.cluster, "n9", policy, "report", _report("n9", 4))
+    assert again == (decision, False)
     steps = {
         r.data["step"]: r.data["changed"] for r in await _until_rows(rig, decision, "action", 2)
     }

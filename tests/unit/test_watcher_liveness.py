@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -167,6 +167,24 @@ async def test_a_dead_slurmd_is_reported_after_three_failed_probes(
     assert watcher.stats.probe_failures == 4
 
 
+def reporting_watcher(
+    nodes: dict[str, Slurmd],
+    jobs: list[Job],
+    on_detection: Callable[[Detection], Awaitable[None]],
+    on_node_report: Callable[[NodeReport], Awaitable[None]],
+) -> tuple[Watcher, LivenessMonitor]:
+    """A watcher of ``jobs`` on ``nodes`` that probes them and reports dead ones."""
+    monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
+    watcher = Watcher(
+        WatchConfig(cluster="dev"),
+        cluster(nodes, jobs),
+        on_detection,
+        liveness=monitor,
+        on_node_report=on_node_report,
+    )
+    return watcher, monitor
+
+
 async def n2_dies_and_is_reported(
     watcher: Watcher, nodes: dict[str, Slurmd], monitor: LivenessMonitor
 ) -> tuple[list[Detection], collections.deque[Detection]]:
@@ -191,7 +209,6 @@ async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
         job("202", ["n2"], tmp_path / "202.out", partition="gpu"),
         job("203", ["n1"], tmp_path / "203.out"),
     ]
-    monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
     order: list[str] = []
 
     async def on_detection(det: Detection) -> None:
@@ -202,13 +219,7 @@ async def test_a_dead_node_is_reported_once_with_its_jobs_and_partitions(
         reports.append(report)
 
     reports: list[NodeReport] = []
-    watcher = Watcher(
-        WatchConfig(cluster="dev"),
-        cluster(nodes, jobs),
-        on_detection,
-        liveness=monitor,
-        on_node_report=on_node_report,
-    )
+    watcher, monitor = reporting_watcher(nodes, jobs, on_detection, on_node_report)
     found, pending = await n2_dies_and_is_reported(watcher, nodes, monitor)
     assert sorted(d.job_id for d in found) == ["201", "202"]
     # One report for the node (what the probes saw, its watched jobs); the jobs' own recoveries
@@ -245,19 +256,36 @@ async def test_a_reported_nodes_jobs_are_handed_over_after_the_lead_without_a_dr
     async def on_node_report(report: NodeReport) -> None:
         order.append(f"node {report.node}")
 
-    monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
-    watcher = Watcher(
-        WatchConfig(cluster="dev"),
-        cluster(nodes, [job("301", ["n2"], tmp_path / "301.out")]),
-        on_detection,
-        liveness=monitor,
-        on_node_report=on_node_report,
+    watcher, monitor = reporting_watcher(
+        nodes, [job("301", ["n2"], tmp_path / "301.out")], on_detection, on_node_report
     )
     _, pending = await n2_dies_and_is_reported(watcher, nodes, monitor)
     assert order == ["node n2"]
     await asyncio.sleep(0.3)
     await watcher._deliver(pending)
     assert order == ["node n2", "job 301"] and not pending
+
+
+async def test_a_report_that_reaches_a_running_decision_does_not_hold_the_jobs(
+    nodes: dict[str, Slurmd], tmp_path: Path
+) -> None:
+    """The node's decision was running already (an earlier failure's, open for its late joins,
+    maybe about to close on a node someone put back): it may not drain for this report, so the
+    jobs' recoveries are not held for it."""
+    order: list[str] = []
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"job {det.job_id}")
+
+    async def running_already(report: NodeReport) -> bool:
+        order.append(f"node {report.node}")
+        return False
+
+    watcher, monitor = reporting_watcher(
+        nodes, [job("501", ["n2"], tmp_path / "501.out")], on_detection, running_already
+    )
+    _, pending = await n2_dies_and_is_reported(watcher, nodes, monitor)
+    assert order == ["node n2", "job 501"] and not pending
 
 
 async def test_a_reported_nodes_jobs_wait_from_the_report_and_go_at_once_if_it_fails(
@@ -275,13 +303,8 @@ async def test_a_reported_nodes_jobs_wait_from_the_report_and_go_at_once_if_it_f
         await answered.wait()
         raise RuntimeError("Temporal unavailable")
 
-    monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
-    watcher = Watcher(
-        WatchConfig(cluster="dev"),
-        cluster(nodes, [job("401", ["n2"], tmp_path / "401.out")]),
-        on_detection,
-        liveness=monitor,
-        on_node_report=slow_then_fails,
+    watcher, monitor = reporting_watcher(
+        nodes, [job("401", ["n2"], tmp_path / "401.out")], on_detection, slow_then_fails
     )
     assert await watcher.poll_once() == []
     await nodes["n2"].kill()
