@@ -138,9 +138,31 @@ def terminate(procs: Iterable[psutil.Process], grace: float = 5.0) -> int:
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    alive = _wait(procs, grace)
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(alive, timeout=grace)
+    _wait(alive, grace)
     return len(procs)
+
+
+def _wait(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """``psutil.wait_procs``: the processes still alive after ``timeout``. A process that
+    vanishes while it is waited for is gone (psutil's pidfd wait has raised the kernel's
+    ENOENT for one, in `make bench`'s teardown), not an error."""
+    try:
+        return list(psutil.wait_procs(procs, timeout=timeout)[1])
+    except OSError:
+        deadline = time.monotonic() + timeout
+        alive = [p for p in procs if _running(p)]
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [p for p in alive if _running(p)]
+        return alive
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -9,7 +9,8 @@ the node while the recoveries of its jobs are still starting. The report lists t
 watched jobs that run on no other reported node: once the decision has fenced the node (its
 slurmd silent to a fresh probe), it requeues them at once. Job output never leads to a report.
 The first detections of those jobs are handed over once the watcher sees the node drained (or
-``DECISION_LEAD_S`` after the report): when a rack fails, the decisions drain and requeue while
+``DECISION_LEAD_S`` after the report; at once when the report reached a decision that was
+running already, maybe an earlier failure's about to close): when a rack fails, the decisions drain and requeue while
 hundreds of recoveries would otherwise be starting on the same worker and server, and each
 recovery, when it starts, joins a decision that has done its work.
 

@@ -3,10 +3,12 @@ still running while the jobs vanish would start recoveries for them."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from relaunch.devstack import procs
@@ -39,3 +41,18 @@ def test_down_stops_the_watcher_and_worker_before_it_cancels_jobs(
             proc.kill()
             proc.wait()
     assert alive_when_cancelling == {"watch": False, "worker": False}
+
+
+def test_terminate_counts_a_process_that_vanishes_while_waited_for_as_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """psutil's pidfd wait raised the kernel's ENOENT for a process that had just gone (in
+    `make bench`'s teardown): stopping the stack goes on and still stops everything."""
+    child = subprocess.Popen(["sleep", "30"])
+
+    def vanished(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(procs.psutil, "wait_procs", vanished)
+    assert procs.terminate([psutil.Process(child.pid)], grace=2.0) == 1
+    assert child.wait(timeout=5) == -signal.SIGTERM
