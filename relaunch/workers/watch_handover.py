@@ -10,9 +10,9 @@ watched jobs that run on no other reported node: once the decision has fenced th
 slurmd silent to a fresh probe), it requeues them at once. Job output never leads to a report.
 The first detections of those jobs are handed over once the watcher sees the node drained (or
 ``DECISION_LEAD_S`` after the report; at once when the report reached a decision that was
-running already, maybe an earlier failure's about to close): when a rack fails, the decisions drain and requeue while
-hundreds of recoveries would otherwise be starting on the same worker and server, and each
-recovery, when it starts, joins a decision that has done its work.
+running already, maybe an earlier failure's about to close): when a rack fails, the decisions
+drain and requeue while hundreds of recoveries would otherwise be starting on the same worker
+and server, and each recovery, when it starts, joins a decision that has done its work.
 
 **Later signs.** One interruption shows several signs a few seconds apart: a node's Xid line,
 then its probes failing, then Slurm's job and node states, then the job's requeue. The first
