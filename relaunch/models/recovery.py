@@ -230,6 +230,11 @@ class Policy(BaseModel):
             return self.category_modes[category]
         return self.partition_modes.get(partition, self.mode)
 
+    def acts_alone(self, partitions: list[str], category: Category) -> bool:
+        """Whether a node decision over jobs of ``partitions`` acts without a person: only
+        where every one of them is autonomous for ``category`` (none listed: the default)."""
+        return all(self.mode_for(p, category) is Mode.AUTONOMOUS for p in partitions or [""])
+
 
 class JobSnapshot(BaseModel):
     """What the workflow needs to know about the job (small; the full record is in evidence)."""

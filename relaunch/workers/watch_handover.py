@@ -10,9 +10,10 @@ watched jobs that run on no other reported node: once the decision has fenced th
 slurmd silent to a fresh probe), it requeues them at once. Job output never leads to a report.
 The first detections of those jobs are handed over once the watcher sees the node drained (or
 ``DECISION_LEAD_S`` after the report; at once when the report reached a decision that was
-running already, maybe an earlier failure's about to close): when a rack fails, the decisions
-drain and requeue while hundreds of recoveries would otherwise be starting on the same worker
-and server, and each recovery, when it starts, joins a decision that has done its work.
+running already, maybe an earlier failure's about to close, or when a person must approve the
+drain, as in monitor mode, which the recoveries show): when a rack fails, the decisions drain
+and requeue while hundreds of recoveries would otherwise be starting on the same worker and
+server, and each recovery, when it starts, joins a decision that has done its work.
 
 **Later signs.** One interruption shows several signs a few seconds apart: a node's Xid line,
 then its probes failing, then Slurm's job and node states, then the job's requeue. The first
@@ -128,10 +129,16 @@ class NodeReports:
     the watched jobs running on a node (their partitions set the decision's mode)."""
 
     def __init__(
-        self, handler: NodeReportHandler | None, running_on: Callable[[str], list[Job]]
+        self,
+        handler: NodeReportHandler | None,
+        running_on: Callable[[str], list[Job]],
+        acts_alone: Callable[[NodeReport], bool] | None = None,
     ) -> None:
         self._handler = handler
         self._running_on = running_on
+        # Whether the report's decision drains without a person (policy.acts_alone): only then
+        # do its jobs' recoveries wait for the drain (in monitor mode it waits for them).
+        self._acts_alone = acts_alone or (lambda report: True)
         # node → when it was last reported (monotonic): one report per node and failure.
         self._reported: dict[str, float] = {}
         # Xid lines of nodes' own kernel logs that drain a node, found since the last report.
@@ -183,6 +190,14 @@ class NodeReports:
             for job_id, (node, _) in list(self._deciding.items()):
                 if node in drained:
                     del self._deciding[job_id]
+
+    def deferring(self, now: float) -> bool:
+        """Whether some job's recovery may still wait to see its node drained (the waits over
+        are forgotten: a job whose detection never came holds nothing)."""
+        for job_id, (_, since) in list(self._deciding.items()):
+            if now - since >= DECISION_LEAD_S:
+                del self._deciding[job_id]
+        return bool(self._deciding)
 
     @property
     def waiting(self) -> bool:
@@ -255,8 +270,10 @@ class NodeReports:
             ]
             # The jobs' recoveries wait for the decision's drain, from now: a report whose
             # round trip is slow (a loaded server) must not let 500 recoveries start first.
-            for job in report.running:
-                self._deciding[job.job_id] = (node, now)
+            # Not where a person must approve the drain: the recoveries show what awaits them.
+            if self._acts_alone(report):
+                for job in report.running:
+                    self._deciding[job.job_id] = (node, now)
 
         async def one(report: NodeReport) -> None:
             try:

@@ -109,6 +109,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
         on_detection,
         liveness=liveness,
         on_node_report=on_node_report if reports else None,
+        report_acts_alone=lambda report: policy.acts_alone(report.partitions, report.category),
         on_follow_ups=on_follow_ups,
     )
     stop = stop or asyncio.Event()

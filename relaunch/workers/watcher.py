@@ -64,6 +64,7 @@ from relaunch.models.config import (
     JobOutputSettings,
 )
 from relaunch.models.errors import RelaunchError
+from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, DetectionSource
 from relaunch.models.scheduler import (
     MAX_AFTER_S,
@@ -169,6 +170,7 @@ class Watcher:
         catalogue: Catalogue | None = None,
         liveness: LivenessMonitor | None = None,
         on_node_report: NodeReportHandler | None = None,
+        report_acts_alone: Callable[[NodeReport], bool] | None = None,
         on_follow_ups: FollowUpHandler | None = None,
     ) -> None:
         self.config = config
@@ -180,7 +182,7 @@ class Watcher:
         self._follow_ups_failed = False
         self._catalogue = catalogue or Catalogue.load()
         self._jobs: dict[str, JobWatch] = {}
-        self._reports = NodeReports(on_node_report, self._running_on)
+        self._reports = NodeReports(on_node_report, self._running_on, report_acts_alone)
         self._nodes: dict[str, NodeFeed] = {}
         self._pass = 0
         # Held through a pass (a poll's or a log read's): a pass may wait for the node reports
@@ -214,7 +216,9 @@ class Watcher:
             clock = wall.timestamp()
         jobs = [job for job in await self._scheduler.list_jobs() if self.watches(job)]
         nodes: dict[str, Node] = {}
-        if any(job.state is JobState.RUNNING for job in jobs):
+        # The nodes while a job runs, or while a recovery waits to see its node drained (its
+        # job requeued ahead by the node's decision may run nowhere meanwhile).
+        if self._reports.deferring(started) or any(job.state is JobState.RUNNING for job in jobs):
             nodes = {node.name: node for node in await self._scheduler.list_nodes()}
             self._reports.nodes_seen({name for name, node in nodes.items() if node.drain_flag})
         found: list[Detection] = []

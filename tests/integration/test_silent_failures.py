@@ -58,8 +58,11 @@ async def test_a_silent_node_crash_is_seen_by_the_probe_and_the_job_resumes_else
         assert opened - started <= DETECTION_BUDGET_S, (
             f"the recovery opened {opened - started:.1f}s after the crash"
         )
-        # The survivor kept printing: nothing in the job's output told of the crash.
-        assert "error" not in h.log(job_id).lower()
+        # The survivor kept printing: nothing the job's ranks printed told of the crash. The
+        # only error lines are Slurm's own (srun, slurmstepd), for the step that the node's
+        # decision ended when it requeued the job, before its recovery opened.
+        said = [line for line in h.log(job_id).splitlines() if "error" in line.lower()]
+        assert all("srun: " in line or "slurmstepd" in line for line in said), said
 
         status = await h.wait_stage(incident, {Stage.DONE}, timeout=240)
         verdict = status.verdict

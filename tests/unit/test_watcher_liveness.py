@@ -172,6 +172,7 @@ def reporting_watcher(
     jobs: list[Job],
     on_detection: Callable[[Detection], Awaitable[None]],
     on_node_report: Callable[[NodeReport], Awaitable[None]],
+    acts_alone: Callable[[NodeReport], bool] | None = None,
 ) -> tuple[Watcher, LivenessMonitor]:
     """A watcher of ``jobs`` on ``nodes`` that probes them and reports dead ones."""
     monitor = LivenessMonitor(make_prober("connect"), interval_s=0.1, timeout_s=0.5, failures=3)
@@ -181,6 +182,7 @@ def reporting_watcher(
         on_detection,
         liveness=monitor,
         on_node_report=on_node_report,
+        report_acts_alone=acts_alone,
     )
     return watcher, monitor
 
@@ -264,6 +266,68 @@ async def test_a_reported_nodes_jobs_are_handed_over_after_the_lead_without_a_dr
     await asyncio.sleep(0.3)
     await watcher._deliver(pending)
     assert order == ["node n2", "job 301"] and not pending
+
+
+async def test_a_reported_nodes_jobs_wait_for_no_drain_a_person_must_approve(
+    nodes: dict[str, Slurmd], tmp_path: Path
+) -> None:
+    """Monitor mode: the decision waits for an approval before it drains, so the jobs'
+    recoveries start at once and show what awaits them (an approval that expires before
+    DECISION_LEAD_S would otherwise end them before anyone saw them)."""
+    order: list[str] = []
+    asked: list[tuple[list[str], str]] = []
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"job {det.job_id}")
+
+    async def on_node_report(report: NodeReport) -> None:
+        order.append(f"node {report.node}")
+
+    def monitor_mode(report: NodeReport) -> bool:
+        asked.append((report.partitions, report.category.value))
+        return False
+
+    watcher, monitor = reporting_watcher(
+        nodes,
+        [job("601", ["n2"], tmp_path / "601.out")],
+        on_detection,
+        on_node_report,
+        monitor_mode,
+    )
+    _, pending = await n2_dies_and_is_reported(watcher, nodes, monitor)
+    assert order == ["node n2", "job 601"] and not pending
+    assert asked == [(["debug"], "node_failure")]
+
+
+async def test_a_reported_nodes_jobs_go_once_drained_though_none_runs(
+    nodes: dict[str, Slurmd], tmp_path: Path
+) -> None:
+    """The decision requeued the node's only job ahead of its join: no job runs, yet the poll
+    still lists the nodes while a recovery waits for its node's drain, and sees it."""
+    order: list[str] = []
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"job {det.job_id}")
+
+    async def on_node_report(report: NodeReport) -> None:
+        order.append(f"node {report.node}")
+
+    watcher, monitor = reporting_watcher(
+        nodes, [job("701", ["n2"], tmp_path / "701.out")], on_detection, on_node_report
+    )
+    _, pending = await n2_dies_and_is_reported(watcher, nodes, monitor)
+    assert order == ["node n2"] and len(pending) == 1
+    scheduler = watcher._scheduler
+    assert isinstance(scheduler, FakeScheduler)
+    scheduler.set_job(state=JobState.PENDING, nodes=[])  # requeued ahead, waiting to start
+    scheduler.set_node("n2", flags=[NodeFlag.DRAIN])
+    listed = scheduler.calls["list_nodes"]
+    await watcher.poll_once()
+    assert scheduler.calls["list_nodes"] == listed + 1
+    await watcher._deliver(pending)
+    assert order == ["node n2", "job 701"] and not pending
+    await watcher.poll_once()  # nothing waits and nothing runs: the nodes are not listed
+    assert scheduler.calls["list_nodes"] == listed + 1
 
 
 async def test_a_report_that_reaches_a_running_decision_does_not_hold_the_jobs(
