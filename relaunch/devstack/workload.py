@@ -47,6 +47,7 @@ def submit_training(
             *args,
         ],
         env=env,
+        cwd=workdir,  # $SLURM_SUBMIT_DIR: the default checkpoints go under it
         capture_output=True,
         text=True,
         timeout=30,

@@ -263,6 +263,23 @@ class GatherInput(BaseModel):
     policy: Policy | None = Field(
         default=None, description="the recovery's policy (`investigate` joins node decisions by it)"
     )
+    named_nodes: list[str] = Field(
+        default_factory=list,
+        description="the nodes that the recovery's detections by what the job's user cannot "
+        "write (a node's kernel log, telemetry, the probes, Slurm) named: the attempt's even "
+        "where Slurm has dropped them from the job's record (a node set DOWN as it ends the job)",
+    )
+
+
+# The sources of detections that name a job's nodes by what its user cannot write.
+TRUSTED_DETECTION_SOURCES = frozenset(
+    {
+        DetectionSource.NODE_LOG,
+        DetectionSource.PROBE,
+        DetectionSource.TELEMETRY,
+        DetectionSource.SCHEDULER,
+    }
+)
 
 
 class EvidenceSummary(BaseModel):

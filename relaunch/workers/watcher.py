@@ -65,7 +65,7 @@ from relaunch.models.config import (
 )
 from relaunch.models.errors import RelaunchError
 from relaunch.models.node_decision import NodeReport
-from relaunch.models.recovery import Detection, DetectionSource
+from relaunch.models.recovery import TRUSTED_DETECTION_SOURCES, Detection, DetectionSource
 from relaunch.models.scheduler import (
     MAX_AFTER_S,
     Job,
@@ -442,6 +442,9 @@ class Watcher:
 
         async def one_recovery(workflow_id: str, dets: list[Detection]) -> None:
             nonlocal failed
+            # What the job's user cannot write first: the recovery starts from it, and its
+            # evidence reads the nodes it names (which Slurm may drop from an ending job).
+            dets = sorted(dets, key=lambda d: d.source not in TRUSTED_DETECTION_SOURCES)
             async with gate:
                 for det in dets:
                     if failed:

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from relaunch.models import search_attributes as sa
     from relaunch.models.node_decision import JobOutcome, Joined, NodeUpdate
     from relaunch.models.recovery import (
+        TRUSTED_DETECTION_SOURCES,
         ActInput,
         Action,
         ActionPlan,
@@ -264,6 +265,7 @@ class RecoveryWorkflow:
         self._decision: tuple[Decision, Approval] | None = None
         self._deadline: datetime | None = None
         self._detections = 0
+        self._named_nodes: set[str] = set()
         self._late_decisions = 0
         self._outcome = ""
         self._patches: dict[str, bool] = {}
@@ -318,14 +320,23 @@ class RecoveryWorkflow:
     @workflow.signal
     async def detection(self, det: Detection) -> None:
         """Another observation of this interruption (the watcher's start-or-join)."""
+        self._name_nodes([det])
         await self._record_detection(det)
 
     @workflow.signal
     async def detections(self, dets: list[Detection]) -> None:
         """Later observations of this interruption, held by the watcher and handed over
         together (relaunch/workers/watch_handover.py)."""
+        self._name_nodes(dets)
         for det in dets:
             await self._record_detection(det)
+
+    def _name_nodes(self, dets: list[Detection]) -> None:
+        """The nodes that detections by what the job's user cannot write name: the evidence
+        reads them (taken before any await, so that a gather started meanwhile has them)."""
+        for det in dets:
+            if det.source in TRUSTED_DETECTION_SOURCES:
+                self._named_nodes.update(det.nodes)
 
     async def _record_detection(self, det: Detection) -> None:
         self._detections += 1
@@ -530,7 +541,11 @@ class RecoveryWorkflow:
         )
         await self._stage_to(Stage.GATHERING, "gathering evidence")
         gather = GatherInput(
-            incident_id=self._incident, cluster=inp.cluster, job_id=inp.job_id, attempt=inp.attempt
+            incident_id=self._incident,
+            cluster=inp.cluster,
+            job_id=inp.job_id,
+            attempt=inp.attempt,
+            named_nodes=sorted(self._named_nodes),
         )
         joined = Joined()
         try:

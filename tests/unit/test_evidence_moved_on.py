@@ -86,3 +86,40 @@ async def test_the_evidence_of_the_live_attempt_is_the_live_record(tmp_path: Pat
     )
     assert summary.job.nodes == ["n20"] and summary.job.restart_count == 0
     assert (Path(summary.bundle_path) / "nodes" / "n20.log").is_file()
+
+
+async def test_a_node_slurm_dropped_from_the_ending_job_stays_in_its_evidence(
+    tmp_path: Path,
+) -> None:
+    """A node decision set n3 DOWN (its slurmd silent): Slurm ends the job and drops n3 from its
+    record (COMPLETING on n20 alone) before it is requeued. The attempt's node-log detection
+    (trusted) named n3: n3's kernel log is still its evidence. A node named only by the job's
+    own output is not read."""
+    job = Job(
+        job_id="33",
+        state=JobState.COMPLETING,
+        nodes=["n20"],
+        restart_count=0,
+        start_time=datetime.now(UTC) - timedelta(minutes=1),
+    )
+    audit, deps = await gather(tmp_path, job, attempt=0)
+    incident = "relaunch-dev-33-0"
+    for source, node in (("node_log", "n3"), ("job_log", "n7")):
+        await audit.record(
+            AuditRecord(
+                incident_id=incident,
+                kind="detection",
+                at=datetime.now(UTC),
+                summary=f"{source}: something on {node}",
+                nodes=[node],
+                data={"source": source},
+            )
+        )
+    (tmp_path / "kern" / "n7.log").write_text(f"{datetime.now(UTC).isoformat()} n7 kernel: {XID}\n")
+    summary = await EvidenceActivities(deps).gather_evidence(
+        GatherInput(incident_id=incident, cluster="dev", job_id="33", attempt=0)
+    )
+    assert summary.job.nodes == ["n20", "n3"]
+    nodes = Path(summary.bundle_path) / "nodes"
+    assert XID in (nodes / "n3.log").read_text()
+    assert not (nodes / "n7.log").exists()

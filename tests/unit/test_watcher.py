@@ -1024,3 +1024,31 @@ async def test_a_job_line_stamped_in_the_future_gives_no_fault_time(
     append(log, "2099-01-01T00:00:00Z 1: CUDA error: uncorrectable ECC error encountered\n")
     (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
     assert found.kind == "signature:cuda_ecc" and found.fault_time is None
+
+
+async def test_a_recovery_starts_from_what_the_jobs_user_cannot_write(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """One pass found a job's output line and its node's Xid: the recovery is started with the
+    Xid (its evidence reads the node it names, which Slurm may drop from the ending job's
+    record), then joined with the job's line; every detection is handed over."""
+    order: list[str] = []
+
+    async def on_detection(det: Detection) -> None:
+        order.append(f"{det.source.value} {','.join(det.nodes)}")
+
+    watcher = Watcher(
+        WatchConfig(
+            cluster="dev", node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log")
+        ),
+        scheduler,
+        on_detection,
+    )
+    assert await watcher.poll_once(T0) == []
+    append(Path(scheduler.jobs[0].stdout_path), "srun: error: n2: task 1: Killed\n")
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
+    found = watcher.read_logs_once(T0)
+    assert found[0].source is DetectionSource.JOB_LOG  # the job's line was read first
+    pending = collections.deque(found)
+    await watcher._deliver(pending)
+    assert order[0] == "node_log n2" and len(order) == len(found) and not pending

@@ -82,6 +82,7 @@ class Fakes:
 
     records: list[RecordEventInput] = field(default_factory=list)
     detections: list[RecordDetectionInput] = field(default_factory=list)
+    gathered: list[GatherInput] = field(default_factory=list)
     actions: dict[str, Action] = field(default_factory=dict)
     gates: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
 
@@ -105,6 +106,7 @@ class Fakes:
 
     @activity.defn(name="gather_evidence")
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
+        self.gathered.append(inp)
         await self._gate("gather_evidence", inp.job_id)
         job = JobSnapshot(job_id=inp.job_id, state="NODE_FAIL", nodes=["n1", "n2"])
         return EvidenceSummary(incident_id=inp.incident_id, bundle_path="/nowhere", job=job)
@@ -371,6 +373,48 @@ async def test_later_detections_handed_over_together_each_reach_the_timeline(rig
     await _until(handle, lambda s: s.detections == 2, "both detections")
     kinds = [d.detection.kind for d in rig.fakes.detections if d.incident_id == handle.id]
     assert kinds == ["node_unreachable", "job_state:NODE_FAIL"]
+    await handle.execute_update(
+        RecoveryWorkflow.decide,
+        DecisionInput(decision=Decision.REJECT, approval=Approval(by="ana")),
+    )
+    await handle.result()
+    await _replays(handle)
+
+
+async def test_the_evidence_reads_the_nodes_trusted_detections_named(rig: Rig) -> None:
+    """The nodes that the detections the recovery starts with name by what the job's user
+    cannot write (here n2's kernel log) go to the evidence step, which reads their logs even
+    where Slurm dropped them from the job's record; a node only the job's output names (n7)
+    does not."""
+    job = _job()
+
+    def det(source: DetectionSource, kind: str, node: str) -> Detection:
+        return Detection(
+            cluster=CLUSTER,
+            job_id=job,
+            attempt=0,
+            source=source,
+            kind=kind,
+            nodes=[node],
+            detected_at=datetime.now(UTC),
+        )
+
+    handle = await rig.client.start_workflow(
+        RecoveryWorkflow.run,
+        RecoveryInput(cluster=CLUSTER, job_id=job, attempt=0, policy=Policy()),
+        id=recovery_workflow_id(CLUSTER, job, 0),
+        task_queue=QUEUE,
+        start_signal="detections",
+        start_signal_args=[
+            [
+                det(DetectionSource.JOB_LOG, "signature:srun_task_killed", "n7"),
+                det(DetectionSource.NODE_LOG, "signature:xid_79", "n2"),
+            ]
+        ],
+    )
+    await _until(handle, _at(Stage.AWAITING_APPROVAL), "awaiting approval")
+    [gathered] = [g for g in rig.fakes.gathered if g.job_id == job]
+    assert gathered.named_nodes == ["n2"]
     await handle.execute_update(
         RecoveryWorkflow.decide,
         DecisionInput(decision=Decision.REJECT, approval=Approval(by="ana")),
