@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -32,7 +32,7 @@ from relaunch.console.auth import Sessions, TokensFileError, TokenStore
 from relaunch.console.background import Background
 from relaunch.console.live import Broadcaster
 from relaunch.console.queries import ConsoleDb
-from relaunch.console.web import HERE, Console, NotSignedIn, Problem, Services, render
+from relaunch.console.web import HERE, Cluster, Console, NotSignedIn, Problem, Services, render
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 
@@ -120,6 +120,31 @@ def session_secret(config: ClusterConfig) -> str:
     return secrets.token_urlsafe(32)
 
 
+class ClustersConfigError(RelaunchError):
+    """The clusters given to one console cannot share it."""
+
+
+def check_shared(config: ClusterConfig, others: Sequence[ClusterConfig]) -> None:
+    """Refuse clusters that one console cannot serve together: each named once, and all on the
+    primary's audit database and Temporal server (one control plane)."""
+    seen = {config.name}
+    for other in others:
+        if other.name in seen:
+            raise ClustersConfigError(
+                f"cluster {other.name} is given twice",
+                hint="give each cluster's configuration once",
+            )
+        seen.add(other.name)
+        for field, what in (("database_url", "audit database"), ("temporal_address", "Temporal")):
+            if getattr(other, field) != getattr(config, field):
+                # The values may hold credentials: name the field, never print it.
+                raise ClustersConfigError(
+                    f"cluster {other.name} has another {field} than cluster {config.name}: "
+                    f"one console serves clusters that share one {what}",
+                    hint=f"give every configuration the same {field}, or run one console each",
+                )
+
+
 def create_app(
     config: ClusterConfig,
     services: Services | None = None,
@@ -127,8 +152,13 @@ def create_app(
     tokens_file: Path | None = None,
     secret: str | None = None,
     live_interval: float = 0.5,
+    other_clusters: Sequence[tuple[ClusterConfig, Services]] = (),
 ) -> Starlette:
-    """The console for one cluster. ``services`` carries what acts (Temporal decisions, Slurm)."""
+    """The console for ``config``'s cluster (the primary: its console settings and tokens rule)
+    and, when given, ``other_clusters`` over the same PostgreSQL and Temporal. ``services``
+    carries what acts on the primary (Temporal decisions and delivery, Slurm); each further
+    cluster brings its own."""
+    check_shared(config, [other for other, _ in other_clusters])
     path = tokens_file or (Path(config.console.tokens_file) if config.console.tokens_file else None)
     if path is None:
         raise TokensFileError(
@@ -143,9 +173,10 @@ def create_app(
         sessions=Sessions(secret or session_secret(config)),
         services=services or Services(),
         live=Broadcaster(db, interval=live_interval),
+        others=[Cluster(other, acting) for other, acting in other_clusters],
     )
 
-    background = Background(config, db)
+    background = Background([cl.config for cl in state.clusters.values()], db)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,8 +1,10 @@
-"""Who may use the console: tokens with roles, signed session cookies, CSRF tokens.
+"""Who may use the console: tokens with roles and cluster scopes, signed session cookies, CSRF
+tokens.
 
 Only SHA-256 hashes of tokens are stored (the tokens file). A user signs in once with a token and
 gets a signed, HttpOnly, SameSite=Strict session cookie; scripts send ``Authorization: Bearer``.
-Every form POST of a cookie session carries a CSRF token bound to that session by an HMAC.
+Every form POST of a cookie session carries a CSRF token bound to that session by an HMAC. A
+token may be limited to some clusters (``clusters``); without that field it sees every cluster.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError, field_validator
 
-from relaunch.models.errors import RelaunchError
+from relaunch.models.errors import InvalidNameError, RelaunchError
+from relaunch.models.names import cluster_name
 
 SESSION_COOKIE = "relaunch_session"
 SESSION_MAX_AGE_S = 12 * 3600
@@ -51,23 +54,59 @@ _RANK = {
 }
 
 
+def _scope(value: list[str] | None) -> list[str] | None:
+    """A cluster scope: None (every cluster) or a non-empty list of valid cluster names."""
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("clusters must name at least one cluster (leave it out for every cluster)")
+    try:
+        return list(dict.fromkeys(cluster_name(c) for c in value))
+    except InvalidNameError as exc:
+        raise ValueError(exc.message) from exc
+
+
 class TokenEntry(BaseModel):
-    """One line of the tokens file: a name, a role, and the SHA-256 of the token (hex)."""
+    """One line of the tokens file: a name, a role, the SHA-256 of the token (hex), and the
+    clusters the token is limited to (absent: every cluster)."""
 
     name: str
     role: ConsoleRole
     sha256: str
+    clusters: list[str] | None = None
+
+    @field_validator("clusters")
+    @classmethod
+    def _clusters(cls, value: list[str] | None) -> list[str] | None:
+        return _scope(value)
+
+    def user(self, sha256: str) -> User:
+        return User(name=self.name, role=self.role, sha256=sha256, clusters=self.clusters)
 
 
 class User(BaseModel):
-    """A signed-in person (the name goes into the audit trail)."""
+    """A signed-in person (the name goes into the audit trail), limited to ``clusters`` when
+    the token names some."""
 
     name: str
     role: ConsoleRole
     sha256: str
+    clusters: list[str] | None = None
 
     def can(self, needed: ConsoleRole) -> bool:
         return self.role.allows(needed)
+
+    def sees(self, cluster: str) -> bool:
+        """Whether this user may see (and, with the role, act on) ``cluster``."""
+        return self.clusters is None or cluster in self.clusters
+
+    @property
+    def scope(self) -> str:
+        """The clusters this user sees, in words (for a refusal)."""
+        if self.clusters is None:
+            return "every cluster"
+        noun = "cluster" if len(self.clusters) == 1 else "clusters"
+        return f"{noun} {', '.join(self.clusters)}"
 
 
 class TokensFileError(RelaunchError):
@@ -106,8 +145,12 @@ class TokenStore:
                 hint="set console.tokens_file in the cluster configuration",
             ) from exc
         except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
             raise TokensFileError(
-                f"{self.path}: not a JSON list of {{name, role, sha256}}: {exc.errors()[0]['msg']}"
+                f"{self.path}: not a JSON list of {{name, role, sha256[, clusters]}}: "
+                + (f"{where}: " if where else "")
+                + str(first["msg"]).removeprefix("Value error, ")
             ) from exc
         self._entries, self._mtime = entries, mtime
 
@@ -121,22 +164,35 @@ class TokenStore:
         found: User | None = None
         for entry in self.entries():
             if hmac.compare_digest(entry.sha256.lower(), digest):
-                found = User(name=entry.name, role=entry.role, sha256=entry.sha256.lower())
+                found = entry.user(entry.sha256.lower())
         return found
 
     def by_hash(self, name: str, sha256: str) -> User | None:
         """The session's user if their token is still in the file."""
         for entry in self.entries():
             if entry.name == name and hmac.compare_digest(entry.sha256.lower(), sha256):
-                return User(name=entry.name, role=entry.role, sha256=sha256)
+                return entry.user(sha256)
         return None
 
 
-def write_tokens(path: Path, users: list[tuple[str, ConsoleRole]]) -> dict[str, str]:
-    """Create a tokens file for these (name, role) pairs; returns {name: plaintext token}."""
+def write_tokens(
+    path: Path,
+    users: list[tuple[str, ConsoleRole]],
+    clusters: dict[str, list[str]] | None = None,
+) -> dict[str, str]:
+    """Create a tokens file for these (name, role) pairs; returns {name: plaintext token}.
+
+    ``clusters`` limits the named users to those clusters; everyone else sees every cluster
+    (their lines carry no ``clusters`` field, as files written before scopes)."""
+    scopes = clusters or {}
+    unknown = set(scopes) - {name for name, _ in users}
+    if unknown:
+        raise ValueError(f"cluster scopes for users not in the list: {', '.join(sorted(unknown))}")
     tokens = {name: new_token() for name, _ in users}
     entries = [
-        {"name": name, "role": role.value, "sha256": hash_token(tokens[name])}
+        TokenEntry(
+            name=name, role=role, sha256=hash_token(tokens[name]), clusters=scopes.get(name)
+        ).model_dump(mode="json", exclude_none=True)
         for name, role in users
     ]
     path.parent.mkdir(parents=True, exist_ok=True)

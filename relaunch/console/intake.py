@@ -1,10 +1,14 @@
 """Signals pushed in: ``POST /intake/alertmanager`` and ``POST /intake/slurm``.
 
-Each accepted request is recorded first (audit rows of kind ``intake``, against the cluster's
-``intake-<cluster>`` record), then turned into detections for the watched jobs it concerns and
-delivered through signal-with-start. A failure to look the jobs up or to reach Temporal answers
-503, so the sender retries; a retry of something already delivered (same alert fingerprint and
-start, or the same Slurm event) is recorded once and delivered once.
+Each request is addressed to one cluster the console serves (``?cluster=NAME``, or a Slurm
+event's ``cluster`` field; the primary cluster by default) and handled with that cluster's own
+configuration, scheduler and Temporal delivery only, so that a signal for one cluster never
+starts or joins a recovery on another; an intake token limited to some clusters may address only
+those. Each accepted request is recorded first (audit rows of kind ``intake``, against the
+cluster's ``intake-<cluster>`` record), then turned into detections for the watched jobs it
+concerns and delivered through signal-with-start. A failure to look the jobs up or to reach
+Temporal answers 503, so the sender retries; a retry of something already delivered (same alert
+fingerprint and start, or the same Slurm event) is recorded once and delivered once.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaunch.console.auth import ConsoleRole
-from relaunch.console.web import Console, console
+from relaunch.console.auth import ConsoleRole, User
+from relaunch.console.web import Cluster, Console, console
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.intake import (
     Alert,
@@ -30,6 +34,7 @@ from relaunch.models.intake import (
     SlurmEventKind,
     SlurmHookEvent,
 )
+from relaunch.models.names import cluster_name
 from relaunch.models.recovery import AuditRecord, Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, watched
 
@@ -71,7 +76,7 @@ def _unavailable(error: str) -> JSONResponse:
     return JSONResponse({"error": error, "field": None}, status_code=503)
 
 
-def _authorize(request: Request, c: Console) -> str:
+def _authorize(request: Request, c: Console) -> User:
     header = request.headers.get("authorization", "")
     if not header.lower().startswith("bearer "):
         raise IntakeRefused(401, "an intake bearer token is required", "authorization")
@@ -80,7 +85,29 @@ def _authorize(request: Request, c: Console) -> str:
         raise IntakeRefused(401, "unknown or revoked token", "authorization")
     if not user.can(ConsoleRole.INTAKE):
         raise IntakeRefused(403, f"{user.name} is a {user.role}, not an intake sender", None)
-    return user.name
+    return user
+
+
+def _target(request: Request, c: Console, user: User, named: object = None) -> Cluster:
+    """The served cluster a request is for: ``?cluster=``, else the body's ``named`` cluster,
+    else the primary; refused unless the sender's token covers it."""
+    query = request.query_params.get("cluster", "").strip()
+    if named is not None and not isinstance(named, str):
+        raise IntakeRefused(422, "cluster must be a string", "cluster")
+    if query and named and query != named:
+        raise IntakeRefused(
+            422, f"the query names cluster {query!r}, the body {named!r}", "cluster"
+        )
+    try:
+        name = cluster_name(query or named or c.config.name)
+    except InvalidNameError as exc:
+        raise IntakeRefused(422, exc.message, "cluster") from exc
+    if not user.sees(name):
+        raise IntakeRefused(403, f"{user.name} may push signals for {user.scope} only", "cluster")
+    target = c.clusters.get(name)
+    if target is None:
+        raise IntakeRefused(422, f"this console does not serve cluster {name!r}", "cluster")
+    return target
 
 
 async def _json_body(request: Request) -> Any:
@@ -111,9 +138,9 @@ def _trim(value: str, limit: int = 300) -> str:
     return value if len(value) <= limit else value[:limit] + "…"
 
 
-def _watched(c: Console, job: Job) -> bool:
-    w = c.config.watch
-    return watched(job, c.config.name, partitions=w.partitions, opt_in_comment=w.opt_in_comment)
+def _watched(cl: Cluster, job: Job) -> bool:
+    w = cl.config.watch
+    return watched(job, cl.name, partitions=w.partitions, opt_in_comment=w.opt_in_comment)
 
 
 def _on_node(job: Job, node: str) -> str | None:
@@ -124,19 +151,19 @@ def _on_node(job: Job, node: str) -> str | None:
     return short if short in job.nodes else None
 
 
-async def _jobs(c: Console) -> list[Job]:
-    if c.services.scheduler is None:
-        raise RelaunchError("the console has no scheduler to look jobs up")
-    return await c.services.scheduler.list_jobs()
+async def _jobs(cl: Cluster) -> list[Job]:
+    if cl.services.scheduler is None:
+        raise RelaunchError(f"the console has no scheduler to look jobs up on {cl.name}")
+    return await cl.services.scheduler.list_jobs()
 
 
 def _candidates(
-    c: Console, jobs: list[Job], node: str | None, job_id: str | None
+    cl: Cluster, jobs: list[Job], node: str | None, job_id: str | None
 ) -> list[tuple[Job, list[str]]]:
     """Watched jobs the signal concerns, each with the nodes to name in the detection."""
     found: list[tuple[Job, list[str]]] = []
     for job in jobs:
-        if not _watched(c, job):
+        if not _watched(cl, job):
             continue
         on = _on_node(job, node) if node else None
         if job_id is not None:
@@ -148,13 +175,18 @@ def _candidates(
 
 
 async def _record(
-    c: Console, summary: str, key: str | None, data: dict[str, object], nodes: list[str]
+    c: Console,
+    cl: Cluster,
+    summary: str,
+    key: str | None,
+    data: dict[str, object],
+    nodes: list[str],
 ) -> bool:
     store = c.db.store
-    incident = intake_incident(c.config.name)
+    incident = intake_incident(cl.name)
     async with c.db.connection():  # the schema is there (migrated on the console's first use)
         pass
-    await store.ensure_incident(incident, c.config.name, "intake", 0)
+    await store.ensure_incident(incident, cl.name, "intake", 0)
     return await store.record(
         AuditRecord(
             incident_id=incident,
@@ -169,21 +201,25 @@ async def _record(
     )
 
 
-async def _delivered(c: Console, key: str) -> bool:
-    return await c.db.store.has_dedupe_key(f"{intake_incident(c.config.name)}:{key}:delivered")
+async def _delivered(c: Console, cl: Cluster, key: str) -> bool:
+    return await c.db.store.has_dedupe_key(f"{intake_incident(cl.name)}:{key}:delivered")
 
 
 async def _deliver(
-    c: Console, key: str, targets: list[Target], summary: str
+    c: Console, cl: Cluster, key: str, targets: list[Target], summary: str
 ) -> list[dict[str, object]]:
-    """Deliver every detection, then mark the signal delivered (a retry after a failure
-    delivers again: signal-with-start joins the recovery already started)."""
-    if c.services.deliver is None:
+    """Deliver every detection through this cluster's own delivery, then mark the signal
+    delivered (a retry after a failure delivers again: signal-with-start joins the recovery
+    already started)."""
+    deliver = cl.services.deliver
+    if deliver is None:
         raise RelaunchError("the console cannot reach Temporal (no delivery configured)")
     results: list[dict[str, object]] = []
     for target in targets:
         det = target.detection
-        started = await c.services.deliver(det)
+        if det.cluster != cl.name:  # built from cl's own jobs: never another cluster's
+            raise RelaunchError(f"a detection for {det.cluster} reached {cl.name}'s delivery")
+        started = await deliver(det)
         results.append(
             {
                 "job_id": det.job_id,
@@ -195,12 +231,12 @@ async def _deliver(
         log.info(
             "intake %s -> %s (%s)", det.kind, det.workflow_id, "started" if started else "joined"
         )
-    await _record(c, f"delivered: {summary}", f"{key}:delivered", {"delivered": results}, [])
+    await _record(c, cl, f"delivered: {summary}", f"{key}:delivered", {"delivered": results}, [])
     return results
 
 
 def _detection(
-    c: Console,
+    cl: Cluster,
     job: Job,
     nodes: list[str],
     source: DetectionSource,
@@ -209,7 +245,7 @@ def _detection(
     fault_time: datetime | None,
 ) -> Detection:
     return Detection(
-        cluster=c.config.name,
+        cluster=cl.name,
         job_id=job.job_id,
         attempt=job.restart_count,
         source=source,
@@ -263,7 +299,7 @@ def _alert_row(payload: AlertmanagerPayload, alert: Alert) -> dict[str, object]:
 async def alertmanager(request: Request) -> Response:
     c = console(request)
     try:
-        _authorize(request, c)
+        cl = _target(request, c, _authorize(request, c))
         payload: AlertmanagerPayload = _parse(AlertmanagerPayload, await _json_body(request))
         checked = [_check_alert(i, a) for i, a in enumerate(payload.alerts)]
     except IntakeRefused as exc:
@@ -276,7 +312,7 @@ async def alertmanager(request: Request) -> Response:
             summary = f"alert {alert.name} {alert.status.value}" + (f" on {node}" if node else "")
             status_key = key if alert.status is AlertStatus.FIRING else f"{key}:resolved"
             new = await _record(
-                c, summary, status_key, _alert_row(payload, alert), [node] if node else []
+                c, cl, summary, status_key, _alert_row(payload, alert), [node] if node else []
             )
             entry: dict[str, object] = {
                 "alert": alert.name,
@@ -291,23 +327,23 @@ async def alertmanager(request: Request) -> Response:
             if node is None and job_id is None:
                 entry["note"] = "names no node or Slurm job: recorded, no action"
                 continue
-            if await _delivered(c, key):
+            if await _delivered(c, cl, key):
                 entry["note"] = "already delivered"
                 continue
-            jobs = jobs if jobs is not None else await _jobs(c)
+            jobs = jobs if jobs is not None else await _jobs(cl)
             source = (
                 DetectionSource.TELEMETRY if alert.is_telemetry() else DetectionSource.SCHEDULER
             )
             targets = [
                 Target(
                     detection=_detection(
-                        c, job, nodes, source, f"alert:{alert.name}", alert.text(), alert.startsAt
+                        cl, job, nodes, source, f"alert:{alert.name}", alert.text(), alert.startsAt
                     ),
                     source_key=key,
                 )
-                for job, nodes in _candidates(c, jobs, node, job_id)
+                for job, nodes in _candidates(cl, jobs, node, job_id)
             ]
-            entry["detections"] = await _deliver(c, key, targets, summary)
+            entry["detections"] = await _deliver(c, cl, key, targets, summary)
     except RelaunchError as exc:
         log.warning("intake from alertmanager not delivered: %s", exc.message)
         return _unavailable(f"not delivered, retry later: {exc.message}")
@@ -323,8 +359,11 @@ async def alertmanager(request: Request) -> Response:
 async def slurm(request: Request) -> Response:
     c = console(request)
     try:
-        _authorize(request, c)
-        event: SlurmHookEvent = _parse(SlurmHookEvent, await _json_body(request))
+        user = _authorize(request, c)
+        raw = await _json_body(request)
+        named = raw.pop("cluster", None) if isinstance(raw, dict) else None
+        cl = _target(request, c, user, named)
+        event: SlurmHookEvent = _parse(SlurmHookEvent, raw)
         if event.event is SlurmEventKind.JOB_END and event.job_id is None:
             raise IntakeRefused(422, "a job_end event needs job_id", "job_id")
         if event.event is not SlurmEventKind.JOB_END and event.node is None:
@@ -343,12 +382,13 @@ async def slurm(request: Request) -> Response:
     try:
         entry["recorded"] = await _record(
             c,
+            cl,
             summary,
             key,
             {"source": "slurm_hook", **event.model_dump(mode="json")},
             [event.node] if event.node else [],
         )
-        if key is not None and await _delivered(c, key):
+        if key is not None and await _delivered(c, cl, key):
             entry["note"] = "already delivered"
             return JSONResponse(entry)
         if event.event is SlurmEventKind.JOB_END:
@@ -359,12 +399,12 @@ async def slurm(request: Request) -> Response:
             kind = f"slurm_hook:job_end:{state.value}"
         else:
             kind = f"slurm_hook:{event.event.value}"
-        jobs = await _jobs(c)
-        found = _candidates(c, jobs, event.node, event.job_id)
+        jobs = await _jobs(cl)
+        found = _candidates(cl, jobs, event.node, event.job_id)
         targets = [
             Target(
                 detection=_detection(
-                    c,
+                    cl,
                     job,
                     nodes if event.event is not SlurmEventKind.JOB_END else [],
                     DetectionSource.SCHEDULER,
@@ -377,7 +417,7 @@ async def slurm(request: Request) -> Response:
             for job, nodes in found
         ]
         entry["detections"] = await _deliver(
-            c, key or f"slurm:{datetime.now(UTC).isoformat()}", targets, summary
+            c, cl, key or f"slurm:{datetime.now(UTC).isoformat()}", targets, summary
         )
     except RelaunchError as exc:
         log.warning("intake from slurm not delivered: %s", exc.message)

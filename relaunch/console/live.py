@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from relaunch.console.queries import ConsoleDb
@@ -70,9 +70,12 @@ def sse(row: dict[str, Any]) -> str:
 
 
 async def stream(
-    broadcaster: Broadcaster, queue: asyncio.Queue[dict[str, Any]]
+    broadcaster: Broadcaster,
+    queue: asyncio.Queue[dict[str, Any]],
+    sees: Callable[[str], bool] | None = None,
 ) -> AsyncIterator[str]:
-    """The body of ``/events``: rows as they come, a comment line as keep-alive."""
+    """The body of ``/events``: rows as they come (only those of clusters ``sees`` accepts,
+    when given), a comment line as keep-alive."""
     try:
         yield "retry: 2000\n: connected\n\n"
         while True:
@@ -81,6 +84,7 @@ async def stream(
             except TimeoutError:
                 yield ": keep-alive\n\n"
                 continue
-            yield sse(row)
+            if sees is None or sees(str(row.get("cluster"))):
+                yield sse(row)
     finally:
         broadcaster.unsubscribe(queue)

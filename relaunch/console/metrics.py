@@ -3,6 +3,7 @@
 Counts come from the trail, not from process memory, so they survive restarts and agree with
 the console's pages. One SQL statement answers every series (aggregates only: the scrape's cost
 grows with the trail's size, not with the number of series), plus the process's own metrics.
+A token limited to some clusters scrapes the series of those clusters' incidents only.
 """
 
 from __future__ import annotations
@@ -101,71 +102,94 @@ SNAPSHOT_SQL = f"""
 """
 assert Stage.AWAITING_APPROVAL not in TERMINAL_STAGES
 
+# The same statement over some clusters' rows: a CTE that shadows the table (inside a
+# non-recursive CTE's own body the name still means the table).
+SCOPED_SNAPSHOT_SQL = (
+    "with audit_events as (select * from audit_events where incident_id in"
+    " (select id from incidents where cluster = any(%(clusters)s)))" + SNAPSHOT_SQL
+)
+
 
 def _histogram(
-    name: str, doc: str, row: Sequence[float], buckets: Sequence[float]
+    name: str, doc: str, rows: dict[str, Sequence[float]], buckets: Sequence[float]
 ) -> HistogramMetricFamily:
-    count, total, *cumulative = row
-    family = HistogramMetricFamily(name, doc)
-    pairs = [(repr(float(b)), float(n)) for b, n in zip(buckets, cumulative, strict=True)]
-    family.add_metric([], [*pairs, ("+Inf", float(count))], float(total))
+    family = HistogramMetricFamily(name, doc, labels=["cluster"])
+    for cluster, (count, total, *cumulative) in rows.items():
+        pairs = [(repr(float(b)), float(n)) for b, n in zip(buckets, cumulative, strict=True)]
+        family.add_metric([cluster], [*pairs, ("+Inf", float(count))], float(total))
     return family
 
 
 class AuditCollector(Collector):
-    """The metric families of one snapshot of the audit trail (computed before the scrape
-    renders: the registry's collect() is synchronous, the database is not)."""
+    """The metric families of one snapshot of the audit trail per cluster (computed before
+    the scrape renders: the registry's collect() is synchronous, the database is not). Every
+    series carries the cluster (the dashboard's ``$cluster``)."""
 
-    def __init__(self, snapshot: dict[str, Any]) -> None:
-        self.snapshot = snapshot
+    def __init__(self, snapshots: dict[str, dict[str, Any]]) -> None:
+        self.snapshots = snapshots
 
     def collect(self) -> Iterable[Metric]:
-        s = self.snapshot
+        each = self.snapshots
         detections = CounterMetricFamily(
             "relaunch_detections",
             "Detections recorded, by source and by the incident's verdict category.",
-            labels=["source", "category"],
+            labels=["source", "category", "cluster"],
         )
-        for r in s["detections"]:
-            detections.add_metric([r["source"], r["category"]], float(r["n"]))
+        for cluster, s in each.items():
+            for r in s["detections"]:
+                detections.add_metric([r["source"], r["category"], cluster], float(r["n"]))
         yield detections
         yield _histogram(
             "relaunch_detection_latency_seconds",
             "From the fault's first trace to its detection.",
-            s["latency"],
+            {cluster: s["latency"] for cluster, s in each.items()},
             LATENCY_BUCKETS,
         )
         yield _histogram(
             "relaunch_detection_to_action_seconds",
             "From an incident's first detection to its first action.",
-            s["to_action"],
+            {cluster: s["to_action"] for cluster, s in each.items()},
             TO_ACTION_BUCKETS,
         )
         actions = CounterMetricFamily(
             "relaunch_actions",
             "Scheduler actions recorded, by step and result (done: it changed something).",
-            labels=["step", "result"],
+            labels=["step", "result", "cluster"],
         )
-        for r in s["actions"]:
-            actions.add_metric([r["step"], r["result"]], float(r["n"]))
+        for cluster, s in each.items():
+            for r in s["actions"]:
+                actions.add_metric([r["step"], r["result"], cluster], float(r["n"]))
         yield actions
-        yield GaugeMetricFamily(
+        pending = GaugeMetricFamily(
             "relaunch_approvals_pending",
             "Recoveries waiting for an operator's approval.",
-            value=float(s["pending"]),
+            labels=["cluster"],
         )
+        for cluster, s in each.items():
+            pending.add_metric([cluster], float(s["pending"]))
+        yield pending
         refusals = CounterMetricFamily(
-            "relaunch_guard_refusals", "Plans a guard refused, by guard.", labels=["guard"]
+            "relaunch_guard_refusals",
+            "Plans a guard refused, by guard.",
+            labels=["guard", "cluster"],
         )
-        for r in s["refusals"]:
-            refusals.add_metric([r["guard"]], float(r["n"]))
+        for cluster, s in each.items():
+            for r in s["refusals"]:
+                refusals.add_metric([r["guard"], cluster], float(r["n"]))
         yield refusals
 
 
-async def snapshot(db: ConsoleDb) -> dict[str, Any]:
-    row = await db._one(SNAPSHOT_SQL)  # noqa: SLF001 - the console's own query helper
-    assert row is not None
-    return row
+async def snapshot(db: ConsoleDb, clusters: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every series' numbers for each cluster of ``clusters`` that has incidents (None: every
+    cluster), one statement per cluster."""
+    rows = await db._rows("select distinct cluster from incidents order by 1")  # noqa: SLF001
+    names = [str(r["cluster"]) for r in rows if clusters is None or r["cluster"] in clusters]
+    snapshots: dict[str, dict[str, Any]] = {}
+    for name in names:
+        row = await db._one(SCOPED_SNAPSHOT_SQL, {"clusters": [name]})  # noqa: SLF001
+        assert row is not None
+        snapshots[name] = row
+    return snapshots
 
 
 _PROCESS = CollectorRegistry(auto_describe=False)
@@ -176,10 +200,11 @@ for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
 SNAPSHOT_TTL_S = 5.0  # several scrapers (HA Prometheus pairs) share one query
 
 
-async def render(db: ConsoleDb) -> bytes:
+async def render(db: ConsoleDb, clusters: list[str] | None = None) -> bytes:
+    key = ("metrics",) if clusters is None else ("metrics", tuple(clusters))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(
-        AuditCollector(await db.cached(("metrics",), SNAPSHOT_TTL_S, lambda: snapshot(db)))
+        AuditCollector(await db.cached(key, SNAPSHOT_TTL_S, lambda: snapshot(db, clusters)))
     )
     return generate_latest(registry) + generate_latest(_PROCESS)
 
@@ -190,8 +215,8 @@ async def metrics(request: Request) -> Response:
         return PlainTextResponse(
             "a viewer token is required", 401, headers={"www-authenticate": "Bearer"}
         )
-    require(request, ConsoleRole.VIEWER)
-    body = await render(console(request).db)
+    auth = require(request, ConsoleRole.VIEWER)
+    body = await render(console(request).db, auth.user.clusters)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

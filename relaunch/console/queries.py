@@ -3,6 +3,9 @@
 Written for a trail of tens of thousands of incidents: every list starts from an index (newest
 incidents, terminal stages, kind+time, actor, incident+id) and only then looks at each picked
 incident's rows through the (incident_id, id) index.
+
+Lists take ``clusters``: None reads every cluster (the same SQL as a console of one cluster),
+a list limits the answer to those clusters' incidents (a token's scope, a ``?cluster=`` filter).
 """
 
 from __future__ import annotations
@@ -88,6 +91,22 @@ class AuditFilter(BaseModel):
 
 class DatabaseUnavailableError(AuditUnavailableError):
     """The console cannot reach the audit database right now."""
+
+
+Clusters = list[str] | None
+
+
+def _where_cluster(clusters: Clusters, column: str = "cluster", keyword: str = "where") -> str:
+    """The SQL that limits rows to ``clusters`` (bound as ``%(clusters)s``), or nothing."""
+    return "" if clusters is None else f" {keyword} {column} = any(%(clusters)s)"
+
+
+def _events_in(clusters: Clusters, alias: str = "") -> str:
+    """An ``and`` limiting audit rows to the incidents of ``clusters``, or nothing."""
+    if clusters is None:
+        return ""
+    col = f"{alias}.incident_id" if alias else "incident_id"
+    return f" and {col} in (select id from incidents where cluster = any(%(clusters)s))"
 
 
 _SUMMARY_SQL = """
@@ -191,60 +210,76 @@ class ConsoleDb:
 
     # ------------------------------------------------------------------ overview
 
-    async def clusters(self) -> list[ClusterSummary]:
+    async def clusters(self, clusters: Clusters = None) -> list[ClusterSummary]:
         rows = await self._rows(
             "select cluster as name, count(*) as incidents, max(created_at) as last_at"
-            " from recoveries group by cluster order by cluster"
+            f" from recoveries{_where_cluster(clusters)} group by cluster order by cluster",
+            {"clusters": clusters},
         )
         return [ClusterSummary.model_validate(r) for r in rows]
 
-    async def recent_incidents(self, limit: int = 20) -> list[IncidentRow]:
+    async def recent_incidents(
+        self, limit: int = 20, clusters: Clusters = None
+    ) -> list[IncidentRow]:
         sql = (
-            "with picked as (select * from recoveries order by created_at desc limit %(limit)s)"
+            f"with picked as (select * from recoveries{_where_cluster(clusters)}"
+            " order by created_at desc limit %(limit)s)"
             + _SUMMARY_SQL
             + " order by i.created_at desc"
         )
-        rows = await self._rows(sql, {"limit": limit})
+        rows = await self._rows(sql, {"limit": limit, "clusters": clusters})
         return [IncidentRow.model_validate(r) for r in rows]
 
-    async def open_incidents(self, limit: int = 100) -> list[IncidentRow]:
+    async def open_incidents(
+        self, limit: int = 100, clusters: Clusters = None
+    ) -> list[IncidentRow]:
         sql = (
-            f"with picked as ({_OPEN} order by i.created_at desc limit %(limit)s)"
+            f"with picked as ({_OPEN}{_where_cluster(clusters, 'i.cluster', 'and')}"
+            " order by i.created_at desc limit %(limit)s)"
             + _SUMMARY_SQL
             + " order by i.created_at desc"
         )
-        rows = await self._rows(sql, {"terminal": TERMINAL, "limit": limit})
+        rows = await self._rows(sql, {"terminal": TERMINAL, "limit": limit, "clusters": clusters})
         return [IncidentRow.model_validate(r) for r in rows]
 
-    async def pending_approvals(self) -> list[IncidentRow]:
+    async def pending_approvals(self, clusters: Clusters = None) -> list[IncidentRow]:
         sql = (
-            f"with picked as ({_OPEN})"
+            f"with picked as ({_OPEN}{_where_cluster(clusters, 'i.cluster', 'and')})"
             + _SUMMARY_SQL
             + " where s.stage = %(awaiting)s order by s.at"
         )
         rows = await self._rows(
-            sql, {"terminal": TERMINAL, "awaiting": Stage.AWAITING_APPROVAL.value}
+            sql,
+            {
+                "terminal": TERMINAL,
+                "awaiting": Stage.AWAITING_APPROVAL.value,
+                "clusters": clusters,
+            },
         )
         return [IncidentRow.model_validate(r) for r in rows]
 
-    async def categories(self, since: datetime) -> dict[str, int]:
+    async def categories(self, since: datetime, clusters: Clusters = None) -> dict[str, int]:
         rows = await self._rows(
             "select coalesce(data->>'category', 'unknown') as category, count(*) as n"
-            " from audit_events where kind = 'verdict' and at >= %s group by 1",
-            (since,),
+            " from audit_events where kind = 'verdict' and at >= %(since)s"
+            f"{_events_in(clusters)} group by 1",
+            {"since": since, "clusters": clusters},
         )
         return {str(r["category"]): int(r["n"]) for r in rows}
 
-    async def detection_latencies(self, since: datetime) -> list[float]:
+    async def detection_latencies(self, since: datetime, clusters: Clusters = None) -> list[float]:
         rows = await self._rows(
             "select (data->>'detection_latency_s')::float as v from audit_events"
-            " where kind = 'detection' and at >= %s"
-            " and jsonb_typeof(data->'detection_latency_s') = 'number'",
-            (since,),
+            " where kind = 'detection' and at >= %(since)s"
+            " and jsonb_typeof(data->'detection_latency_s') = 'number'"
+            f"{_events_in(clusters)}",
+            {"since": since, "clusters": clusters},
         )
         return [float(r["v"]) for r in rows]
 
-    async def incident_times(self, since: datetime) -> list[IncidentTimes]:
+    async def incident_times(
+        self, since: datetime, clusters: Clusters = None
+    ) -> list[IncidentTimes]:
         """Milestones of every incident with rows in the window (from the kind+time index; the
         only stage rows read are the terminal ones)."""
         rows = await self._rows(
@@ -259,27 +294,33 @@ class ConsoleDb:
             from audit_events e
             where e.at >= %(since)s
               and (e.kind in ('detection', 'action', 'verify')
-                   or (e.kind = 'stage' and e.stage = any(%(terminal)s)))
+                   or (e.kind = 'stage' and e.stage = any(%(terminal)s)))"""
+            + _events_in(clusters, "e")
+            + """
             group by e.incident_id
             having min(e.at) filter (where e.kind = 'detection') is not null
             """,
-            {"since": since, "terminal": TERMINAL},
+            {"since": since, "terminal": TERMINAL, "clusters": clusters},
         )
         return [IncidentTimes.model_validate(r) for r in rows]
 
-    async def restarts(self, since: datetime) -> int:
+    async def restarts(self, since: datetime, clusters: Clusters = None) -> int:
         row = await self._one(
-            "select count(*) as n from audit_events where kind = 'action' and at >= %s"
-            " and data->>'step' = 'restart' and coalesce((data->>'changed')::boolean, false)",
-            (since,),
+            "select count(*) as n from audit_events where kind = 'action' and at >= %(since)s"
+            " and data->>'step' = 'restart' and coalesce((data->>'changed')::boolean, false)"
+            f"{_events_in(clusters)}",
+            {"since": since, "clusters": clusters},
         )
         return int(row["n"]) if row else 0
 
-    async def incidents_over_time(self, since: datetime, bucket: str) -> list[tuple[datetime, int]]:
+    async def incidents_over_time(
+        self, since: datetime, bucket: str, clusters: Clusters = None
+    ) -> list[tuple[datetime, int]]:
         rows = await self._rows(
-            "select date_trunc(%s, created_at) as b, count(*) as n from recoveries"
-            " where created_at >= %s group by 1 order by 1",
-            (bucket, since),
+            "select date_trunc(%(bucket)s, created_at) as b, count(*) as n from recoveries"
+            f" where created_at >= %(since)s{_where_cluster(clusters, keyword='and')}"
+            " group by 1 order by 1",
+            {"bucket": bucket, "since": since, "clusters": clusters},
         )
         return [(r["b"], int(r["n"])) for r in rows]
 
@@ -315,12 +356,13 @@ class ConsoleDb:
 
     # ------------------------------------------------------------------ jobs
 
-    async def jobs(self, limit: int = 200) -> list[JobSummary]:
+    async def jobs(self, limit: int = 200, clusters: Clusters = None) -> list[JobSummary]:
         rows = await self._rows(
             "select cluster, job_id, count(*) as incidents, max(attempt) + 1 as attempts,"
-            " min(created_at) as first_at, max(created_at) as last_at from recoveries"
-            " group by cluster, job_id order by max(created_at) desc limit %s",
-            (limit,),
+            f" min(created_at) as first_at, max(created_at) as last_at from recoveries"
+            f"{_where_cluster(clusters)}"
+            " group by cluster, job_id order by max(created_at) desc limit %(limit)s",
+            {"limit": limit, "clusters": clusters},
         )
         return [JobSummary.model_validate(r) for r in rows]
 
@@ -407,15 +449,19 @@ class ConsoleDb:
     # ------------------------------------------------------------------ audit search
 
     async def search(
-        self, f: AuditFilter, *, before: int | None, limit: int
+        self, f: AuditFilter, *, before: int | None, limit: int, clusters: Clusters = None
     ) -> tuple[list[StoredEvent], int | None]:
         """One page, newest first, and the id to pass as ``before`` for the next (or None)."""
-        where, args = ["true"], {"limit": limit + 1}
+        where: list[str] = ["true"]
+        args: dict[str, Any] = {"limit": limit + 1}
         if before is not None:
             where.append("e.id < %(before)s")
             args["before"] = before
-        if f.cluster or f.job:
+        if f.cluster or f.job or clusters is not None:
             sub = ["true"]
+            if clusters is not None:
+                sub.append("cluster = any(%(clusters)s)")
+                args["clusters"] = list(clusters)
             if f.cluster:
                 sub.append("cluster = %(cluster)s")
             if f.job:
@@ -460,9 +506,11 @@ class ConsoleDb:
         return int(row["id"]) if row else 0
 
     async def events_after(self, last_id: int, limit: int = 500) -> list[dict[str, Any]]:
+        """New audit rows, each with its incident's cluster (to show each viewer only theirs)."""
         return await self._rows(
-            "select id, incident_id, kind, at, actor, stage, summary from audit_events"
-            " where id > %s order by id limit %s",
+            "select e.id, e.incident_id, i.cluster, e.kind, e.at, e.actor, e.stage, e.summary"
+            " from audit_events e join incidents i on i.id = e.incident_id"
+            " where e.id > %s order by e.id limit %s",
             (last_id, limit),
         )
 

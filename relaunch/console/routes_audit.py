@@ -1,4 +1,5 @@
-"""Audit search: filters, keyset paging on the row id, CSV and JSON export."""
+"""Audit search: filters, keyset paging on the row id, CSV and JSON export; only the rows of
+the clusters the user sees."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from relaunch.connectors.audit import StoredEvent
 from relaunch.console.queries import AuditFilter
-from relaunch.console.web import Problem, console, render, require
+from relaunch.console.web import Auth, Problem, check_cluster, console, render, require
 from relaunch.models.recovery import Category
 
 KINDS = (
@@ -75,6 +76,15 @@ def parse_filter(params: QueryParams) -> AuditFilter:
     return AuditFilter(**values)
 
 
+def _scoped(auth: Auth, f: AuditFilter) -> list[str] | None:
+    """The clusters whose rows a search may return: the filter's own (if the user sees it),
+    else the user's scope."""
+    if f.cluster:
+        check_cluster(auth, f.cluster)
+        return [f.cluster]
+    return auth.user.clusters
+
+
 def _int(params: QueryParams, key: str, default: int | None, low: int, high: int) -> int | None:
     raw = params.get(key, "").strip()
     if not raw:
@@ -96,7 +106,9 @@ async def audit_page(request: Request) -> Response:
     auth = require(request)
     f = parse_filter(request.query_params)
     before = _int(request.query_params, "before", None, 1, 2**62)
-    rows, next_before = await console(request).db.search(f, before=before, limit=PAGE)
+    rows, next_before = await console(request).db.search(
+        f, before=before, limit=PAGE, clusters=_scoped(auth, f)
+    )
     return render(
         request,
         "audit.html",
@@ -116,11 +128,13 @@ def _row(e: StoredEvent) -> dict[str, Any]:
 
 
 async def audit_json(request: Request) -> Response:
-    require(request)
+    auth = require(request)
     f = parse_filter(request.query_params)
     before = _int(request.query_params, "before", None, 1, 2**62)
     limit = _int(request.query_params, "limit", EXPORT_DEFAULT, 1, EXPORT_MAX) or EXPORT_DEFAULT
-    rows, next_before = await console(request).db.search(f, before=before, limit=limit)
+    rows, next_before = await console(request).db.search(
+        f, before=before, limit=limit, clusters=_scoped(auth, f)
+    )
     return JSONResponse({"rows": [_row(e) for e in rows], "next_before": next_before})
 
 
@@ -130,11 +144,13 @@ def _cell(text: str) -> str:
 
 
 async def audit_csv(request: Request) -> Response:
-    require(request)
+    auth = require(request)
     f = parse_filter(request.query_params)
     before = _int(request.query_params, "before", None, 1, 2**62)
     limit = _int(request.query_params, "limit", EXPORT_DEFAULT, 1, EXPORT_MAX) or EXPORT_DEFAULT
-    rows, next_before = await console(request).db.search(f, before=before, limit=limit)
+    rows, next_before = await console(request).db.search(
+        f, before=before, limit=limit, clusters=_scoped(auth, f)
+    )
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(

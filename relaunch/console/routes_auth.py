@@ -118,11 +118,12 @@ async def logout(request: Request) -> Response:
 
 
 async def events(request: Request) -> Response:
-    require(request)
+    auth = require(request)
     c = console(request)
     queue = await c.live.subscribe()
+    user = auth.user
     return StreamingResponse(
-        stream(c.live, queue),
+        stream(c.live, queue, user.sees if user.clusters is not None else None),
         media_type="text/event-stream",
         headers={"cache-control": "no-store", "x-accel-buffering": "no"},
     )

@@ -18,6 +18,7 @@ from relaunch.console.web import (
     NotFound,
     Problem,
     Unavailable,
+    check_cluster,
     console,
     render,
     require,
@@ -132,19 +133,19 @@ def evidence_view(events: list[StoredEvent]) -> dict[str, Any]:
     return {"evidence_lines": lines, "log_excerpt": excerpt}
 
 
-async def _context(request: Request, incident_id: str) -> dict[str, Any]:
+async def _context(request: Request, auth: Auth, incident_id: str) -> dict[str, Any]:
     c = console(request)
     summary = await c.db.incident(incident_id)  # the schema migrated, PostgreSQL answering
     if summary is None:
         raise NotFound(f"no incident {incident_id!r}: the audit trail has no such id")
+    check_cluster(auth, summary.cluster)  # whose it is: the audit trail's row, not the id
     events = await c.db.from_store(lambda store: store.events(incident_id))
     now = datetime.now(UTC)
     spans = stages(events, now)
     current = spans[-1].stage if spans else None
     awaiting = current == Stage.AWAITING_APPROVAL.value
-    expires_at = (
-        spans[-1].at + timedelta(seconds=c.config.policy.approval_timeout_s) if awaiting else None
-    )
+    timeout_s = c.config_of(summary.cluster).policy.approval_timeout_s
+    expires_at = spans[-1].at + timedelta(seconds=timeout_s) if awaiting else None
     verdict, plan = _latest(events, "verdict"), _latest(events, "plan")
     node = parse_node_decision_id(incident_id)
     joined = _latest(events, "node_decision")
@@ -159,6 +160,7 @@ async def _context(request: Request, incident_id: str) -> dict[str, Any]:
         # A job recovery that joined node decisions: which (node → decision id).
         "joined": dict(joined.data.get("decisions") or {}) if joined else {},  # type: ignore[call-overload]
         "incident": summary,
+        "served_here": summary.cluster in c.clusters,
         "events": events,
         "timeline": timeline(events),
         "stages": spans,
@@ -176,13 +178,13 @@ async def _context(request: Request, incident_id: str) -> dict[str, Any]:
 async def incident_page(request: Request) -> Response:
     auth = require(request)
     incident_id = request.path_params["incident_id"]
-    ctx = await _context(request, incident_id)
+    ctx = await _context(request, auth, incident_id)
     return render(request, "incident.html", auth, **ctx)
 
 
 async def incident_fragment(request: Request) -> Response:
     auth: Auth = require(request)
-    ctx = await _context(request, request.path_params["incident_id"])
+    ctx = await _context(request, auth, request.path_params["incident_id"])
     return render(request, "_incident_live.html", auth, **ctx)
 
 
@@ -193,15 +195,24 @@ async def decide(request: Request) -> Response:
     auth, form = await require_post(request, ConsoleRole.APPROVER)
     c = console(request)
     incident_id = request.path_params["incident_id"]
-    if await c.db.incident(incident_id) is None:
+    summary = await c.db.incident(incident_id)
+    if summary is None:
         raise NotFound(f"no incident {incident_id!r}")
+    check_cluster(auth, summary.cluster)
     reason = form.get("reason", "").strip()
     if len(reason) > MAX_REASON:
         raise Problem(f"the reason is longer than {MAX_REASON} characters")
-    if c.services.decide is None:
+    served = c.clusters.get(summary.cluster)
+    if served is None:  # a cluster's own configuration acts on its incidents, no other
+        raise Conflict(
+            f"incident {incident_id} is of cluster {summary.cluster}, which this console does "
+            "not serve: decide it on that cluster's console or with its CLI configuration"
+        )
+    decide_on = served.services.decide  # that cluster's own Temporal decider
+    if decide_on is None:
         raise Unavailable("this console has no Temporal connection: decisions cannot be sent")
     try:
-        await c.services.decide(incident_id, decision, Approval(by=auth.user.name, reason=reason))
+        await decide_on(incident_id, decision, Approval(by=auth.user.name, reason=reason))
     except RelaunchError as exc:
         if exc.retryable:
             raise Unavailable(f"Temporal does not answer: {exc.message}") from exc

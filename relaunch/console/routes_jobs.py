@@ -1,5 +1,5 @@
-"""Jobs: every job with incidents, and one job's lineage of attempts with checkpoints,
-restarts and training time lost."""
+"""Jobs: every job with incidents (of the clusters the user sees), and one job's lineage of
+attempts with checkpoints, restarts and training time lost (on its own cluster)."""
 
 from __future__ import annotations
 
@@ -10,22 +10,43 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from relaunch.console import kpis
-from relaunch.console.routes_overview import watched_jobs
-from relaunch.console.web import NotFound, console, render, require
+from relaunch.console.routes_overview import served_in, watched_jobs
+from relaunch.console.web import (
+    NotFound,
+    check_cluster,
+    cluster_param,
+    console,
+    default_cluster,
+    render,
+    require,
+    scope,
+)
 
 
 async def jobs_page(request: Request) -> Response:
     auth = require(request)
     c = console(request)
-    jobs, (watched, jobs_error) = await asyncio.gather(c.db.jobs(), watched_jobs(c))
-    return render(request, "jobs.html", auth, jobs=jobs, watched=watched, jobs_error=jobs_error)
+    shown = scope(request, auth)
+    jobs, (watched, jobs_error) = await asyncio.gather(
+        c.db.jobs(clusters=shown), watched_jobs(c, shown)
+    )
+    return render(
+        request,
+        "jobs.html",
+        auth,
+        jobs=jobs,
+        watched=watched,
+        jobs_error=jobs_error,
+        watched_clusters=[cl.name for cl in served_in(c, shown)],
+    )
 
 
 async def job_page(request: Request) -> Response:
     auth = require(request)
     c = console(request)
     job_id = request.path_params["job_id"]
-    cluster = request.query_params.get("cluster") or c.config.name
+    cluster = cluster_param(request, auth) or default_cluster(c, auth)
+    check_cluster(auth, cluster)
     chain = await c.db.lineage(cluster, job_id)
     attempts = await c.db.attempts(cluster, chain)
     if not attempts:

@@ -1,10 +1,12 @@
-"""Nodes: Slurm state, drain reason, who drained it and why, reputation, and Resume (admin,
-only for nodes Relaunch drained)."""
+"""Nodes of one served cluster (``?cluster=``): Slurm state, drain reason, who drained it and
+why, reputation, and Resume (admin, only for nodes Relaunch drained, through that cluster's own
+scheduler)."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -19,12 +21,16 @@ from relaunch.console.web import (
     NotFound,
     Problem,
     Unavailable,
+    cluster_param,
     console,
+    default_cluster,
     render,
     require,
     require_post,
+    served_cluster,
 )
 from relaunch.models.errors import InvalidNameError, NodeNotFoundError, RelaunchError
+from relaunch.models.names import cluster_name
 from relaunch.models.recovery import DRAIN_REASON_PREFIX, AuditRecord
 from relaunch.models.scheduler import Node
 
@@ -68,27 +74,30 @@ async def nodes_page(request: Request) -> Response:
         window, span = kpis.parse_window(request.query_params.get("window", "7d"))
     except kpis.BadWindowError as exc:
         raise Problem(str(exc)) from exc
+    cl = served_cluster(c, auth, cluster_param(request, auth) or default_cluster(c, auth))
+    sched = cl.services.scheduler
     nodes: list[Node] = []
     slurm_error: str | None = None
-    if c.services.scheduler is None:
+    if sched is None:
         slurm_error = "no scheduler configured for the console"
     drains, reputation = await asyncio.gather(
-        c.db.node_drains(c.config.name),
+        c.db.node_drains(cl.name),
         c.db.cached(
-            ("reputation", window),
+            ("reputation", cl.name, window),
             REPUTATION_TTL_S,
-            lambda: c.db.reputation(c.config.name, datetime.now(UTC) - span),
+            lambda: c.db.reputation(cl.name, datetime.now(UTC) - span),
         ),
     )
-    if c.services.scheduler is not None:
+    if sched is not None:
         try:
-            nodes = await asyncio.wait_for(c.services.scheduler.list_nodes(), SCHEDULER_TIMEOUT_S)
+            nodes = await asyncio.wait_for(sched.list_nodes(), SCHEDULER_TIMEOUT_S)
         except (RelaunchError, TimeoutError) as exc:
             slurm_error = f"Slurm does not answer: {exc}"
     return render(
         request,
         "nodes.html",
         auth,
+        cluster=cl.name,
         nodes=node_views(nodes, drains, reputation),
         slurm_error=slurm_error,
         window=window,
@@ -97,10 +106,12 @@ async def nodes_page(request: Request) -> Response:
 
 
 async def resume(request: Request) -> Response:
-    auth, _ = await require_post(request, ConsoleRole.ADMIN)
+    auth, form = await require_post(request, ConsoleRole.ADMIN)
     c = console(request)
     name = request.path_params["node"]
-    sched = c.services.scheduler
+    wanted = form.get("cluster", "").strip() or cluster_param(request, auth)
+    cl = served_cluster(c, auth, _checked_cluster(wanted) if wanted else default_cluster(c, auth))
+    sched = cl.services.scheduler
     if sched is None:
         raise Unavailable("this console has no scheduler connection")
     try:
@@ -111,7 +122,7 @@ async def resume(request: Request) -> Response:
         raise NotFound(exc.message) from exc
     except (RelaunchError, TimeoutError) as exc:
         raise Unavailable(f"Slurm does not answer: {exc}") from exc
-    drain = (await c.db.node_drains(c.config.name)).get(name)
+    drain = (await c.db.node_drains(cl.name)).get(name)
     view = NodeView(name=name, node=node, drain=drain, reputation=None)
     if not view.drained_by_relaunch or drain is None:
         raise Conflict(
@@ -135,4 +146,12 @@ async def resume(request: Request) -> Response:
             data={"step": "resume", "by": auth.user.name, **result.model_dump(mode="json")},
         )
     )
-    return RedirectResponse("/nodes", status_code=303)
+    target = f"/nodes?cluster={quote(cl.name, safe='')}" if c.several else "/nodes"
+    return RedirectResponse(target, status_code=303)
+
+
+def _checked_cluster(value: str) -> str:
+    try:
+        return cluster_name(value)
+    except InvalidNameError as exc:
+        raise Problem(exc.message) from exc

@@ -1,5 +1,6 @@
 """The overview (`/`) and its live fragment: clusters, watched jobs, open incidents, pending
-approvals, and KPIs with charts over a chosen window."""
+approvals, and KPIs with charts over a chosen window; each over the clusters the user sees
+(narrowed by ``?cluster=``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,18 @@ from starlette.responses import Response
 
 from relaunch.connectors.audit import IncidentRow
 from relaunch.console import charts, kpis
-from relaunch.console.queries import bucket_for
-from relaunch.console.web import Auth, Console, Problem, console, render, require
+from relaunch.console.queries import Clusters, bucket_for
+from relaunch.console.web import (
+    Auth,
+    Cluster,
+    Console,
+    Problem,
+    cluster_param,
+    console,
+    render,
+    require,
+    scope,
+)
 from relaunch.models.errors import RelaunchError
 from relaunch.models.scheduler import Job, watched
 
@@ -32,10 +43,17 @@ class Pending(BaseModel):
     expires_in_s: float | None
 
 
+class WatchedJob(BaseModel):
+    """A job the watcher of a served cluster watches."""
+
+    cluster: str
+    job: Job
+
+
 def pending_view(c: Console, rows: list[IncidentRow], now: datetime) -> list[Pending]:
-    timeout = timedelta(seconds=c.config.policy.approval_timeout_s)
     out = []
     for row in rows:
+        timeout = timedelta(seconds=c.config_of(row.cluster).policy.approval_timeout_s)
         since = row.stage_at or row.created_at
         expires = since + timeout
         out.append(
@@ -49,23 +67,41 @@ def pending_view(c: Console, rows: list[IncidentRow], now: datetime) -> list[Pen
     return out
 
 
-async def watched_jobs(c: Console) -> tuple[list[Job], str | None]:
-    """The jobs the watcher would watch (opted in, or in a watched partition), or why not."""
-    sched = c.services.scheduler
+async def _watched_on(cl: Cluster) -> tuple[list[WatchedJob], str | None]:
+    sched = cl.services.scheduler
     if sched is None:
         return [], "no scheduler configured for the console"
     try:
         jobs = await asyncio.wait_for(sched.list_jobs(), SCHEDULER_TIMEOUT_S)
     except (RelaunchError, TimeoutError) as exc:
         return [], f"Slurm does not answer: {exc}"
-    watch = c.config.watch
+    watch = cl.config.watch
     return [
-        j
+        WatchedJob(cluster=cl.name, job=j)
         for j in jobs
-        if watched(
-            j, c.config.name, partitions=watch.partitions, opt_in_comment=watch.opt_in_comment
-        )
+        if watched(j, cl.name, partitions=watch.partitions, opt_in_comment=watch.opt_in_comment)
     ], None
+
+
+def served_in(c: Console, clusters: Clusters) -> list[Cluster]:
+    """The served clusters a list covers (all of them for None)."""
+    return [cl for cl in c.clusters.values() if clusters is None or cl.name in clusters]
+
+
+async def watched_jobs(
+    c: Console, clusters: Clusters = None
+) -> tuple[list[WatchedJob], str | None]:
+    """The jobs the watchers of the served clusters in ``clusters`` would watch (opted in, or
+    in a watched partition), or why not (each cluster's reason named when several are served)."""
+    served = served_in(c, clusters)
+    answers = await asyncio.gather(*(_watched_on(cl) for cl in served))
+    jobs = [j for found, _ in answers for j in found]
+    errors = [
+        f"{cl.name}: {error}" if c.several else error
+        for cl, (_, error) in zip(served, answers, strict=True)
+        if error
+    ]
+    return jobs, "; ".join(errors) or None
 
 
 def _buckets(
@@ -86,20 +122,22 @@ def _buckets(
     return out
 
 
-async def live_context(c: Console, now: datetime) -> dict[str, Any]:
-    open_, pending = await asyncio.gather(c.db.open_incidents(), c.db.pending_approvals())
+async def live_context(c: Console, now: datetime, clusters: Clusters = None) -> dict[str, Any]:
+    open_, pending = await asyncio.gather(
+        c.db.open_incidents(clusters=clusters), c.db.pending_approvals(clusters)
+    )
     return {"open_incidents": open_, "pending": pending_view(c, pending, now), "now": now}
 
 
 async def window_kpis(
-    c: Console, window: str, since: datetime, bucket: str
+    c: Console, window: str, since: datetime, bucket: str, clusters: Clusters = None
 ) -> tuple[kpis.Kpis, list[tuple[datetime, int]]]:
     categories, latencies, times, restarts, over_time = await asyncio.gather(
-        c.db.categories(since),
-        c.db.detection_latencies(since),
-        c.db.incident_times(since),
-        c.db.restarts(since),
-        c.db.incidents_over_time(since, bucket),
+        c.db.categories(since, clusters),
+        c.db.detection_latencies(since, clusters),
+        c.db.incident_times(since, clusters),
+        c.db.restarts(since, clusters),
+        c.db.incidents_over_time(since, bucket, clusters),
     )
     summary = kpis.compute(
         window,
@@ -119,14 +157,21 @@ async def overview(request: Request) -> Response:
         window, span = kpis.parse_window(request.query_params.get("window"))
     except kpis.BadWindowError as exc:
         raise Problem(str(exc)) from exc
+    wanted = cluster_param(request, auth)
+    shown = [wanted] if wanted else auth.user.clusters
     now = datetime.now(UTC)
     since = now - span
     bucket = bucket_for(span)
     live, clusters, recent, (jobs, jobs_error) = await asyncio.gather(
-        live_context(c, now), c.db.clusters(), c.db.recent_incidents(15), watched_jobs(c)
+        live_context(c, now, shown),
+        c.db.clusters(shown),
+        c.db.recent_incidents(15, shown),
+        watched_jobs(c, shown),
     )
     summary, over_time = await c.db.cached(
-        ("kpis", window), KPI_TTL_S, lambda: window_kpis(c, window, since, bucket)
+        ("kpis", window, tuple(shown) if shown is not None else None),
+        KPI_TTL_S,
+        lambda: window_kpis(c, window, since, bucket, shown),
     )
     return render(
         request,
@@ -135,10 +180,12 @@ async def overview(request: Request) -> Response:
         **live,
         window=window,
         windows=list(kpis.WINDOWS),
+        cluster_filter=wanted or "",
         clusters=clusters,
         recent=recent,
         jobs=jobs,
         jobs_error=jobs_error,
+        watched_clusters=[cl.name for cl in served_in(c, shown)],
         kpis=summary,
         category_chart=charts.hbar_chart(
             list(summary.by_category.items()),
@@ -156,4 +203,5 @@ async def overview(request: Request) -> Response:
 async def incidents_fragment(request: Request) -> Response:
     auth: Auth = require(request)
     c = console(request)
-    return render(request, "_overview_live.html", auth, **await live_context(c, datetime.now(UTC)))
+    live = await live_context(c, datetime.now(UTC), scope(request, auth))
+    return render(request, "_overview_live.html", auth, **live)

@@ -105,17 +105,30 @@ def test_metrics_expose_every_series_from_the_audit_trail(stack: Stack, tmp_path
             old = 0.0
         return _value(after, sample, **labels) - old
 
-    # The database is the session's: other tests' rows are there too, so compare with before.
-    assert grew("relaunch_detections_total", source="job_log", category="gpu_hardware") == 2
-    assert grew("relaunch_detections_total", source="telemetry", category="gpu_hardware") == 1
-    assert grew("relaunch_detection_latency_seconds_count") == 3
-    assert grew("relaunch_detection_latency_seconds_bucket", le="0.5") == 2
-    assert grew("relaunch_detection_latency_seconds_bucket", le="10.0") == 3
-    assert abs(grew("relaunch_detection_latency_seconds_sum") - 7.8) < 1e-6
-    assert grew("relaunch_detection_to_action_seconds_count") == 1
-    assert grew("relaunch_detection_to_action_seconds_bucket", le="30.0") == 0
-    assert grew("relaunch_detection_to_action_seconds_bucket", le="60.0") == 1
-    assert grew("relaunch_actions_total", step="drain", result="done") == 1
-    assert grew("relaunch_actions_total", step="restart", result="unchanged") == 1
-    assert grew("relaunch_guard_refusals_total", guard="blast_radius") == 1
-    assert grew("relaunch_approvals_pending") == 1  # the done one no longer waits
+    # Every series carries the cluster; the database is the session's, so compare with before.
+    assert (
+        grew(
+            "relaunch_detections_total", cluster=cluster, source="job_log", category="gpu_hardware"
+        )
+        == 2
+    )
+    assert (
+        grew(
+            "relaunch_detections_total",
+            cluster=cluster,
+            source="telemetry",
+            category="gpu_hardware",
+        )
+        == 1
+    )
+    assert grew("relaunch_detection_latency_seconds_count", cluster=cluster) == 3
+    assert grew("relaunch_detection_latency_seconds_bucket", cluster=cluster, le="0.5") == 2
+    assert grew("relaunch_detection_latency_seconds_bucket", cluster=cluster, le="10.0") == 3
+    assert abs(grew("relaunch_detection_latency_seconds_sum", cluster=cluster) - 7.8) < 1e-6
+    assert grew("relaunch_detection_to_action_seconds_count", cluster=cluster) == 1
+    assert grew("relaunch_detection_to_action_seconds_bucket", cluster=cluster, le="30.0") == 0
+    assert grew("relaunch_detection_to_action_seconds_bucket", cluster=cluster, le="60.0") == 1
+    assert grew("relaunch_actions_total", cluster=cluster, step="drain", result="done") == 1
+    assert grew("relaunch_actions_total", cluster=cluster, step="restart", result="unchanged") == 1
+    assert grew("relaunch_guard_refusals_total", cluster=cluster, guard="blast_radius") == 1
+    assert grew("relaunch_approvals_pending", cluster=cluster) == 1  # the done one no longer waits
