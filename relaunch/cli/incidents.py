@@ -161,6 +161,7 @@ def register(cli: click.Group) -> None:
         from relaunch.workflows import recovery_client
 
         async def go() -> None:
+            await refuse_other_cluster(config, incident)
             client = await connect(config)
             decided = await recovery_client.decide(
                 client, incident, decision, Approval(by=by, reason=reason)
@@ -260,6 +261,7 @@ def register(cli: click.Group) -> None:
             config = load_config(config_path, cluster, state_dir)
             store = await AuditStore.open(config.database_url, timeout=5)
             try:
+                await refuse_other_cluster(config, incident, store)
                 meant, others = await resolve_incident(store, incident)
                 events = await store.events(meant)
                 # The node decisions the recovery joined: their drain is this job's isolation.
@@ -310,6 +312,46 @@ def outcome(decision: str, incident: str, by: str, decided: RecoveryStatus) -> s
         drain = f", drain {','.join(plan.drain_nodes)}" if plan.drain_nodes else ""
         return f"{line}\n  the recovery goes on: {plan.action.value}{drain}"
     return f"{line}\n  the recovery ends without acting on: {plan.action.value}"
+
+
+class OtherClusterError(RelaunchError):
+    """An incident (or node decision) id of another cluster than the configuration's."""
+
+
+async def refuse_other_cluster(
+    config: ClusterConfig, incident: str, store: AuditStore | None = None
+) -> None:
+    """Refuse an incident of another cluster than ``config``'s: a cluster's configuration (its
+    credentials) acts on that cluster's incidents only. The audit trail says whose an incident
+    is; an incident it does not know is judged by its id (``relaunch-<cluster>-…``)."""
+    owner: str | None = None
+    try:
+        if store is None:
+            opened = await AuditStore.open(config.database_url, timeout=5)
+            try:
+                info = await opened.incident_info(incident)
+            finally:
+                await opened.close()
+        else:
+            info = await store.incident_info(incident)
+        owner = str(info["cluster"]) if info else None
+    except RelaunchError:
+        pass  # no audit trail to ask: the id alone decides
+    if owner is None and not incident.startswith(f"relaunch-{config.name}-"):
+        parsed = parse_recovery_id(incident)
+        if parsed is None:
+            raise OtherClusterError(
+                f"{incident} is not an incident of cluster {config.name} "
+                f"(its incidents are relaunch-{config.name}-…)",
+                hint="`relaunch incidents --cluster NAME` lists a cluster's incidents",
+            )
+        owner = parsed[0]
+    if owner is not None and owner != config.name:
+        raise OtherClusterError(
+            f"incident {incident} is of cluster {owner}, not of cluster {config.name} "
+            "(the configuration in use)",
+            hint=f"pass --cluster {owner} (or its --config) to act on it",
+        )
 
 
 async def resolve_incident(store: AuditStore, typed: str) -> tuple[str, list[str]]:

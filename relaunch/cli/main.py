@@ -15,8 +15,10 @@ import click
 from relaunch.cli.exits import exit_code
 from relaunch.cli.exits import fail as _fail
 from relaunch.connectors.slurm.commands import SlurmCli
-from relaunch.devstack.stack import Stack, StackConfig, StackStatus
+from relaunch.devstack.stack import Stack, StackConfig
+from relaunch.devstack.status import StackStatus
 from relaunch.models.errors import RelaunchError
+from relaunch.models.names import cluster_name
 from relaunch.models.scheduler import ActionResult, Job, Node
 
 T = TypeVar("T")
@@ -62,6 +64,26 @@ def _print_status(status: StackStatus) -> None:
         click.echo(f"  {mark} {part.name:<{width}}  {part.address}  ({pid}){detail}")
 
 
+MAX_DEV_CLUSTERS = 4
+
+
+def _cluster_names(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    """`--clusters a,b`: safe, distinct names, at most MAX_DEV_CLUSTERS."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise click.BadParameter("name at least one cluster")
+    if len(names) > MAX_DEV_CLUSTERS:
+        raise click.BadParameter(f"at most {MAX_DEV_CLUSTERS} clusters on one machine")
+    if len(set(names)) != len(names):
+        raise click.BadParameter(f"a cluster is named twice: {value}")
+    for name in names:
+        try:
+            cluster_name(name)
+        except RelaunchError as exc:
+            raise click.BadParameter(str(exc)) from exc
+    return names
+
+
 @dev.command("up")
 @STATE_DIR_OPTION
 @click.option(
@@ -79,11 +101,32 @@ def _print_status(status: StackStatus) -> None:
     help="Slurm cred_expire in seconds; a requeued job waits this long before it may "
     "start again (Slurm's default is 120).",
 )
-def dev_up(state_dir: Path, nodes: int, cred_expire: int) -> None:
+@click.option(
+    "--clusters",
+    "clusters",
+    default="dev",
+    show_default=True,
+    metavar="A,B,...",
+    callback=_cluster_names,
+    help="The Slurm clusters to run (first `up` only), comma-separated: each gets its own "
+    "Slurm (munged, slurmctld, slurmds, slurmrestd), worker and watcher; all share Temporal, "
+    "PostgreSQL and one console.",
+)
+def dev_up(state_dir: Path, nodes: int, cred_expire: int, clusters: list[str]) -> None:
     """Start the local stack (idempotent: running parts are left alone)."""
     saved = state_dir / "stack.json"
-    config = None if saved.exists() else StackConfig(nodes=nodes, cred_expire=cred_expire)
+    config = (
+        None
+        if saved.exists()
+        else StackConfig.for_clusters(clusters, nodes=nodes, cred_expire=cred_expire)
+    )
     stack = Stack(state_dir, config)
+    if config is None and clusters not in (["dev"], stack.config.clusters):
+        click.echo(
+            f"note: the stack under {stack.state_dir} was made with clusters "
+            f"{','.join(stack.config.clusters)}; `relaunch dev down` and remove it to change them",
+            err=True,
+        )
     try:
         status = stack.up(progress=lambda msg: click.echo(f"… {msg}", err=True))
     except RelaunchError as exc:
@@ -95,6 +138,11 @@ def dev_up(state_dir: Path, nodes: int, cred_expire: int) -> None:
     if stack.config.services:
         click.echo(f"Console: {stack.console_url} (sign-in tokens in {stack.console_tokens})")
     click.echo("To use this stack from your shell:")
+    if len(stack.clusters) > 1:
+        for home in stack.clusters:
+            click.echo(
+                f"# cluster {home.name}: SLURM_CONF={home.slurm.conf}  --cluster {home.name}"
+            )
     click.echo(f"export SLURM_CONF={stack.slurm.conf}")
     click.echo(f"export TEMPORAL_ADDRESS={stack.temporal_address}")
     click.echo(f"export PATH={Path(sys.executable).parent}:$PATH")

@@ -108,11 +108,12 @@ def _protected() -> set[int]:
     return pids
 
 
-def stack_processes(state_dir: Path, slurm_conf: Path) -> list[psutil.Process]:
+def stack_processes(state_dir: Path, *slurm_confs: Path) -> list[psutil.Process]:
     """Every process that belongs to the stack under ``state_dir``: its daemons (their command
-    line names a path inside it) and its jobs (their environment carries its SLURM_CONF)."""
+    line names a path inside it) and its jobs (their environment carries one of its clusters'
+    SLURM_CONF)."""
     marker = str(state_dir.resolve())
-    conf_env = f"SLURM_CONF={slurm_conf.resolve()}"
+    conf_envs = {f"SLURM_CONF={conf.resolve()}" for conf in slurm_confs}
     protected = _protected()
     found: list[psutil.Process] = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
@@ -125,7 +126,7 @@ def stack_processes(state_dir: Path, slurm_conf: Path) -> list[psutil.Process]:
                 continue
             with open(f"/proc/{proc.pid}/environ", "rb") as fh:
                 environ = fh.read().decode(errors="replace").split("\0")
-            if conf_env in environ:
+            if conf_envs.intersection(environ):
                 found.append(proc)
         except (psutil.Error, OSError):
             continue

