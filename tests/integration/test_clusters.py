@@ -81,6 +81,12 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     90,
                     f"relaunch {service} of cluster {home.name}",
                 )
+        status = stack.status()  # `relaunch dev status`: every cluster's parts, by name
+        assert status.healthy, [p for p in status.parts if not p.healthy]
+        names = {p.name for p in status.parts}
+        for name in ("a", "b"):
+            assert {f"slurmctld {name}", f"slurmd {name} n2", f"relaunch worker {name}"} <= names
+        assert "relaunch console" in names
         yield stack
     finally:
         stack.down()
