@@ -44,6 +44,10 @@ from relaunch.models.scheduler import NodeState
 
 DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
 SERVICES = (*CLUSTER_SERVICES, "console")
+# What a worker and a watcher log once they work (the console: its port answers), and how long
+# `up` waits for it.
+SERVICE_READY = {"worker": "worker for cluster", "watch": "watching cluster"}
+SERVICE_READY_S = 90.0
 CONSOLE_USERS = (
     ("viewer", ConsoleRole.VIEWER),
     ("approver", ConsoleRole.APPROVER),
@@ -365,6 +369,9 @@ class Stack:
         return [*each, ("console", self.clusters[0])]
 
     def _start_services(self, progress: Callable[[str], None]) -> None:
+        """Start each service not running, then wait until each says it works: a fault
+        injected before a watcher's first look would go unseen (it reads new lines only)."""
+        started: list[tuple[str, ClusterHome, int, int]] = []
         for name, home in self.relaunch_services():
             if home.service_pid(name) is not None:
                 continue
@@ -373,13 +380,33 @@ class Stack:
             if name == "console":  # one console over every cluster
                 for other in self.clusters[1:]:
                     argv += ["--cluster-config", str(other.config_path)]
-            pid = procs.spawn(
-                argv,
-                log=home.log_file(name),
-                env=self._console_env() if name == "console" else None,
-            )
+            log = home.log_file(name)
+            offset = log.stat().st_size if log.exists() else 0
+            pid = procs.spawn(argv, log=log, env=self._console_env() if name == "console" else None)
             home.pid_file(name).parent.mkdir(parents=True, exist_ok=True)
             home.pid_file(name).write_text(str(pid))
+            started.append((name, home, pid, offset))
+        if started:
+            progress("waiting for the relaunch services to work")
+        for name, home, pid, offset in started:
+            procs.wait_for(
+                functools.partial(self._service_ready, name, home, pid, offset),
+                SERVICE_READY_S,
+                f"relaunch {name}{self._of(home) if name != 'console' else ''}",
+                hint=f"see {home.log_file(name)}",
+            )
+
+    def _service_ready(self, name: str, home: ClusterHome, pid: int, offset: int) -> bool:
+        """Whether the service started at ``offset`` of its log works: the console listens,
+        a worker or watcher has logged its first poll. One that exited fails at once."""
+        log = home.log_file(name)
+        if not procs.pid_alive(pid):
+            raise StackError(f"relaunch {name} exited at start", hint=f"see {log}")
+        if name == "console":
+            return procs.port_open(self.config.console_port)
+        with open(log, "rb") as fh:
+            fh.seek(offset)
+            return SERVICE_READY[name].encode() in fh.read()
 
     def _nodes_ready(self, home: ClusterHome) -> bool:
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from click.testing import CliRunner
 from relaunch.cli.incidents import OtherClusterError, refuse_other_cluster
 from relaunch.cli.main import cli
 from relaunch.console.auth import TokenStore
+from relaunch.devstack import stack as stack_module
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError, StackError
@@ -138,3 +141,50 @@ def test_the_audit_trail_says_whose_an_incident_is() -> None:
     refuse("a", "relaunch-a-b-12-0", None)
     with pytest.raises(OtherClusterError, match="is of cluster b"):
         refuse("a", "relaunch-b-12-0", None)
+
+
+def test_up_waits_for_each_service_to_work_and_says_which_exited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` returns once every worker and watcher has logged that it works (a fault injected
+    before a watcher's first look would go unseen); one that exits at start fails `up` at once,
+    naming it and its log. Here each service is a shell that says what the real one says."""
+    stack = Stack(tmp_path / "state", StackConfig.for_clusters(["a", "b"]))
+    spawned: list[subprocess.Popen[bytes]] = []
+    says = {"worker": "worker for cluster", "watch": "watching cluster"}
+    failing: set[str] = set()
+
+    def spawn(argv: list[str], *, log: Path, env: object = None, cwd: object = None) -> int:
+        service, cluster = argv[3], Path(argv[5]).stem
+        script = (
+            "exit 3"
+            if f"{service} {cluster}" in failing
+            else (f"sleep 0.5; echo '{says.get(service, '')} {cluster}'; sleep 30")
+        )
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            spawned.append(subprocess.Popen(["sh", "-c", script], stdout=out))
+        return spawned[-1].pid
+
+    monkeypatch.setattr(stack_module.procs, "spawn", spawn)
+    monkeypatch.setattr(stack_module.procs, "port_open", lambda port: True)  # the console
+    lines: list[str] = []
+    try:
+        started = time.monotonic()
+        stack._start_services(lines.append)
+        assert time.monotonic() - started >= 0.5  # it waited for them to say so
+        assert lines[-1] == "waiting for the relaunch services to work"
+        for home in stack.clusters:
+            for service in ("worker", "watch"):
+                assert f"{says[service]} {home.name}" in home.log_file(service).read_text()
+        for proc in spawned:
+            proc.kill()
+            proc.wait()
+        failing.add("watch b")
+        with pytest.raises(StackError, match="relaunch watch exited at start") as failed:
+            stack._start_services(lines.append)
+        assert str(stack.home("b").log_file("watch")) in (failed.value.hint or "")
+    finally:
+        for proc in spawned:
+            proc.kill()
+            proc.wait()
