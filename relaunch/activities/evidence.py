@@ -28,7 +28,6 @@ from relaunch.models.bundle import BundleJob
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import JobNotFoundError
 from relaunch.models.recovery import (
-    TRUSTED_DETECTION_SOURCES,
     ActionPlan,
     AttributeInput,
     Category,
@@ -188,13 +187,9 @@ class EvidenceActivities:
             # Slurm drops a node set DOWN (a node decision fencing a silent node) from a job's
             # record as it ends the job: the nodes that what the job's user cannot write named
             # for this attempt (its Xid line, the probes) stay in its evidence all the same.
-            trusted = {s.value for s in TRUSTED_DETECTION_SOURCES}
-            named = set(inp.named_nodes) | {
-                n
-                for e in events
-                if e.kind == "detection" and e.data.get("source") in trusted
-                for n in e.nodes
-            }
+            # The workflow picks them (RecoveryWorkflow._name_nodes): one place says what is
+            # trusted.
+            named = set(inp.named_nodes)
             if named - set(job.nodes):
                 job = job.model_copy(update={"nodes": sorted(set(job.nodes) | named)})
         by_name = {n.name: n for n in nodes}

@@ -375,7 +375,7 @@ class Stack:
         for name, home in self.relaunch_services():
             if home.service_pid(name) is not None:
                 continue
-            progress(f"starting relaunch {name}{self._of(home) if name != 'console' else ''}")
+            progress(f"starting {self.service_label(name, home)}")
             argv = [sys.executable, "-m", "relaunch.cli", name, "--config", str(home.config_path)]
             if name == "console":  # one console over every cluster
                 for other in self.clusters[1:]:
@@ -392,13 +392,18 @@ class Stack:
             procs.wait_for(
                 functools.partial(self._service_ready, name, home, pid, offset),
                 SERVICE_READY_S,
-                f"relaunch {name}{self._of(home) if name != 'console' else ''}",
+                self.service_label(name, home),
                 hint=f"see {home.log_file(name)}",
             )
 
+    def service_label(self, name: str, home: ClusterHome) -> str:
+        """``relaunch worker`` (``relaunch worker b`` where the stack has several clusters)."""
+        several = name != "console" and len(self.clusters) > 1
+        return f"relaunch {name}" + (f" {home.name}" if several else "")
+
     def _service_ready(self, name: str, home: ClusterHome, pid: int, offset: int) -> bool:
-        """Whether the service started at ``offset`` of its log works: the console listens,
-        a worker or watcher has logged its first poll. One that exited fails at once."""
+        """Whether the service started at ``offset`` of its log works: the console listens, a
+        worker polls its task queues, a watcher starts watching. One that exited fails at once."""
         log = home.log_file(name)
         if not procs.pid_alive(pid):
             raise StackError(f"relaunch {name} exited at start", hint=f"see {log}")

@@ -70,8 +70,7 @@ def stack_status(stack: Stack) -> StackStatus:
             pid = home.service_pid(name)
             parts.append(
                 Part(
-                    name=f"relaunch {name}"
-                    + (f" {home.name}" if name != "console" and len(stack.clusters) > 1 else ""),
+                    name=stack.service_label(name, home),
                     address=stack.console_url if name == "console" else f"cluster {home.name}",
                     pid=pid,
                     healthy=pid is not None,

@@ -22,7 +22,7 @@ from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack import faults, procs
 from relaunch.devstack.slurm import slurmd_pid, start_daemons
-from relaunch.devstack.stack import Stack
+from relaunch.devstack.stack import SERVICE_READY, Stack
 from relaunch.devstack.workload import submit_training
 from relaunch.models.config import ClusterConfig, WatchSettings
 from relaunch.models.recovery import (
@@ -36,8 +36,7 @@ from relaunch.models.scheduler import NodeState
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 REPO = Path(__file__).resolve().parents[2]
-# What each process logs once it works: the worker polls its task queue, the watcher polls.
-READY = {"worker": "worker for cluster", "watch": "watching cluster"}
+# How long a process has to say it works (what it says: the dev stack's SERVICE_READY).
 READY_TIMEOUT_S = 90.0
 _names = itertools.count(1)
 
@@ -97,7 +96,7 @@ class Harness:
             return procs.port_open(self.config.console.port)
         with open(log, "rb") as f:
             f.seek(offset)
-            return READY[name].encode() in f.read()
+            return SERVICE_READY[name].encode() in f.read()
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name, None)

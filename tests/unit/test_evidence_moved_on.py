@@ -93,8 +93,9 @@ async def test_a_node_slurm_dropped_from_the_ending_job_stays_in_its_evidence(
 ) -> None:
     """A node decision set n3 DOWN (its slurmd silent): Slurm ends the job and drops n3 from its
     record (COMPLETING on n20 alone) before it is requeued. The attempt's node-log detection
-    (trusted) named n3: n3's kernel log is still its evidence. A node named only by the job's
-    own output is not read."""
+    (trusted) named n3, and the workflow passes it on (test_workflow_approval.py checks that it
+    passes no node that only the job's output names): n3's kernel log is still its evidence.
+    A node named only by the job's own output (n7, in the audit trail too) is not read."""
     job = Job(
         job_id="33",
         state=JobState.COMPLETING,
@@ -117,7 +118,7 @@ async def test_a_node_slurm_dropped_from_the_ending_job_stays_in_its_evidence(
         )
     (tmp_path / "kern" / "n7.log").write_text(f"{datetime.now(UTC).isoformat()} n7 kernel: {XID}\n")
     summary = await EvidenceActivities(deps).gather_evidence(
-        GatherInput(incident_id=incident, cluster="dev", job_id="33", attempt=0)
+        GatherInput(incident_id=incident, cluster="dev", job_id="33", attempt=0, named_nodes=["n3"])
     )
     assert summary.job.nodes == ["n20", "n3"]
     nodes = Path(summary.bundle_path) / "nodes"
