@@ -19,3 +19,5 @@ temporal operator search-attribute create --namespace "$ns" --name RelaunchMode 
 temporal operator search-attribute create --namespace "$ns" --name RelaunchNodes --type KeywordList
 # RelaunchAwaitingApproval: whether the recovery waits for a person's decision
 temporal operator search-attribute create --namespace "$ns" --name RelaunchAwaitingApproval --type Bool
+# RelaunchNodeStage: a drained node's lifecycle stage (NodeStage)
+temporal operator search-attribute create --namespace "$ns" --name RelaunchNodeStage --type Keyword

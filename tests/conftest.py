@@ -26,7 +26,8 @@ def stack() -> Iterator[Stack]:
     """A real local stack for the whole session: 4 Slurm nodes, short cred_expire."""
     root = Path(tempfile.mkdtemp(prefix="relaunch-test-"))
     instance = Stack(
-        root / "state", StackConfig.with_free_ports(cluster="test", cred_expire=10, services=False)
+        root / "state",
+        StackConfig.with_free_ports("life", cluster="test", cred_expire=10, services=False),
     )
     try:
         instance.up()

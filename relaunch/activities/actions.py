@@ -13,19 +13,24 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 from temporalio import activity
+from temporalio.service import RPCError
 
-from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
+from relaunch.activities.deps import Deps, beat, keeps_heartbeating, log, typed_errors
 from relaunch.connectors.joboutput import FileAccess, tail_file
+from relaunch.connectors.temporal import LifecycleSignals
 from relaunch.detection.planning import blast_radius, held_out, partition_size
 from relaunch.detection.progress import ResumeProgress, resumed_progress
 from relaunch.models.errors import (
     InvalidStateError,
     JobNotFoundError,
+    RelaunchError,
     ResubmitIdentityError,
     VerificationError,
 )
+from relaunch.models.lifecycle import LifecycleFault
 from relaunch.models.recovery import (
     ActInput,
+    Category,
     GuardDecision,
     Policy,
     RestartMethod,
@@ -70,6 +75,7 @@ def drain_check(
 class ActionActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+        self._lifecycles: LifecycleSignals | None = None
 
     async def _audit_action(self, incident_id: str, step: str, result: ActionResult) -> None:
         verb = "done" if result.changed else f"unchanged ({result.note})"
@@ -96,7 +102,51 @@ class ActionActivities:
             refused = await self._recheck_guard(inp)
             if refused is not None:
                 return refused
-            return await self._drain_and_fence(inp)
+            outcome = await self._drain_and_fence(inp)
+        await self._start_lifecycles(inp)
+        return outcome
+
+    async def _start_lifecycles(self, inp: ActInput) -> None:
+        """Hand each node this plan took out to its lifecycle (relaunch/workflows/lifecycle.py:
+        checks, remediation, return or repair). A lifecycle that cannot be started is said in
+        the incident's trail; the drain stands, and the node waits for a person as before."""
+        settings, client = self.deps.config.lifecycle, self.deps.temporal
+        if not settings.enabled or client is None:
+            return
+        if self._lifecycles is None or self._lifecycles.client is not client:
+            self._lifecycles = LifecycleSignals(client)
+        plan = inp.plan
+        category = plan.category or Category.NODE_FAILURE
+        for node in dict.fromkeys([*plan.drain_nodes, *plan.fence_nodes]):
+            remedy = plan.remedies.get(node)
+            fault = LifecycleFault(
+                incident_id=inp.incident_id,
+                category=category,
+                remedy=remedy,
+                kind=f"{category.value}/{remedy or 'none'}",
+                summary=(plan.reasons[0] if plan.reasons else "")[:300],
+                at=datetime.now(UTC),
+            )
+            try:
+                lifecycle = await self._lifecycles.fault(self.deps.config, node, fault)
+            except (RelaunchError, RPCError) as exc:
+                log.warning("no lifecycle for %s: %s", node, exc)
+                await self.deps.audit_row(
+                    inp.incident_id,
+                    "lifecycle",
+                    f"could not start {node}'s lifecycle: {exc}"[:500],
+                    dedupe=f"lifecycle:{node}:failed",
+                    nodes=[node],
+                )
+                continue
+            await self.deps.audit_row(
+                inp.incident_id,
+                "lifecycle",
+                f"{node} handed to its lifecycle {lifecycle}",
+                dedupe=f"lifecycle:{node}",
+                nodes=[node],
+                data={"lifecycle": lifecycle},
+            )
 
     async def _recheck_guard(self, inp: ActInput) -> StepOutcome | None:
         """The guard re-checked under the lock; a StepOutcome when it refuses the drain."""

@@ -52,7 +52,7 @@ from relaunch.models.recovery import (
     RecordEventInput,
     Stage,
 )
-from relaunch.models.scheduler import ActionResult, JobState, Node, NodeState
+from relaunch.models.scheduler import ActionResult, JobState, Node, NodeFlag, NodeState
 
 
 @dataclass(frozen=True)
@@ -219,6 +219,11 @@ class NodeActivities:
             needs_override=needs_override,
             reasons=reasons,
             remedy=conviction.remedy,
+            category=inp.first.category
+            if inp.first
+            else inp.report.category
+            if inp.report
+            else None,
             job_id=inp.first.job_id if inp.first else "",
             partition=None if inp.first else conviction.partition,
         )
@@ -518,7 +523,10 @@ class NodeActivities:
             return None
         nodes = await self.deps.scheduler.list_nodes()
         node = next((n for n in nodes if n.name == inp.node), None)
-        if node is not None and not node.drain_flag and node.responding:
+        # A node its lifecycle checks is out of service still: its maintenance reservation
+        # keeps every job off it (see relaunch/workflows/lifecycle.py).
+        in_maintenance = node is not None and NodeFlag.MAINTENANCE in node.flags
+        if node is not None and not node.drain_flag and node.responding and not in_maintenance:
             return node.display_state
         return None
 

@@ -17,7 +17,7 @@ from relaunch.cli.exits import fail as _fail
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.devstack.status import StackStatus
-from relaunch.models.errors import RelaunchError
+from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.names import cluster_name
 from relaunch.models.scheduler import ActionResult, Job, Node
 
@@ -181,6 +181,30 @@ def dev_status(state_dir: Path, as_json: bool) -> None:
         _print_status(status)
     if not status.healthy:
         sys.exit(1)
+
+
+@dev.command("reboot-node")
+@STATE_DIR_OPTION
+@click.option("--cluster", default=None, help="The stack's cluster (default: its first).")
+@click.argument("node")
+def dev_reboot_node(state_dir: Path, cluster: str | None, node: str) -> None:
+    """Reboot NODE of the local cluster the way the dev stack can: stop its slurmd (and the
+    job processes on it) and start it again. The dev cluster's node lifecycle reboots with
+    this (its `reboot_command`); a GPU fault marked on the node stays."""
+    from relaunch.devstack.faults import reboot_node
+    from relaunch.models.names import node_name
+
+    if not (state_dir / "stack.json").exists():
+        _fail(StackError(f"no stack under {state_dir.resolve()}", hint="relaunch dev up"))
+    try:
+        home = Stack(state_dir).home(cluster)
+        node = node_name(node)
+        if node not in home.slurm.nodes:
+            raise StackError(f"cluster {home.name} has no node {node!r}")
+        reboot_node(home.slurm, node)
+    except RelaunchError as exc:
+        _fail(exc)
+    click.echo(f"{node} of {home.name}: slurmd restarted")
 
 
 # ---------------------------------------------------------------------- slurm adapter

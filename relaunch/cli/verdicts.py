@@ -14,6 +14,7 @@ import click
 from relaunch.cli.exits import fail
 from relaunch.cli.incidents import config_options, load_config
 from relaunch.cli.terminal import printable
+from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle
 from relaunch.detection.attribution import attribute_bundle
 from relaunch.detection.signatures import Catalogue
@@ -186,7 +187,7 @@ def register(cli: click.Group) -> None:
         use_color = color if color is not None else sys.stdout.isatty()
         click.echo(explain(loaded, verdict, color=use_color))
 
-    @cli.command("nodes")
+    @cli.group("nodes", invoke_without_command=True)
     @click.option("--json", "as_json", is_flag=True, help="One JSON object per node per line.")
     @click.option(
         "--window-hours",
@@ -195,18 +196,24 @@ def register(cli: click.Group) -> None:
         help="History window (default: the policy's repeat-offender window).",
     )
     @config_options
+    @click.pass_context
     def nodes_cmd(
+        ctx: click.Context,
         as_json: bool,
         window_hours: float | None,
         config_path: Path | None,
         cluster: str,
         state_dir: Path,
     ) -> None:
-        """Node reputation: incidents that implicated each node in the window, and whether it
-        is a repeat offender (recommend a drain and a hardware check)."""
+        """Node reputation and lifecycle: incidents that implicated each node in the window,
+        whether it is a repeat offender, and where its lifecycle stands (diagnosing,
+        escalated to repair, returned: docs/lifecycle.md). `relaunch nodes returned NODE`
+        says a node sent to repair is repaired."""
+        if ctx.invoked_subcommand is not None:
+            return
         from relaunch.connectors.audit import AuditStore, NodeReputation
 
-        async def go() -> tuple[int, float, list[NodeReputation]]:
+        async def go() -> tuple[int, float, list[NodeReputation], dict[str, StoredEvent]]:
             config = load_config(config_path, cluster, state_dir)
             policy = config.policy
             hours = window_hours or policy.repeat_offender_window_hours
@@ -214,24 +221,93 @@ def register(cli: click.Group) -> None:
             try:
                 since = datetime.now(UTC) - timedelta(hours=hours)
                 rows = await store.node_reputation(config.name, since)
+                stages = await store.node_stages(config.name)
             finally:
                 await store.close()
-            return policy.repeat_offender_incidents, hours, rows
+            return policy.repeat_offender_incidents, hours, rows, stages
 
         try:
-            threshold, hours, rows = asyncio.run(go())
+            threshold, hours, rows, stages = asyncio.run(go())
         except RelaunchError as exc:
             fail(exc)
+        listed = {row.node for row in rows}
         for row in rows:
             offender = row.incidents >= threshold
+            stage = stages.get(row.node)
             if as_json:
-                click.echo(json.dumps({**row.model_dump(mode="json"), "repeat_offender": offender}))
+                click.echo(
+                    json.dumps(
+                        {
+                            **row.model_dump(mode="json"),
+                            "repeat_offender": offender,
+                            **_lifecycle_json(stage),
+                        }
+                    )
+                )
                 continue
             flag = "REPEAT OFFENDER: drain and check hardware" if offender else ""
             click.echo(
                 f"{row.node:<14} {row.incidents:>3} incident(s) in {row.jobs} job(s)  "
                 f"last {row.last_at:%Y-%m-%d %H:%M}  {','.join(sorted(row.categories)):<24} "
-                f"{flag}"
+                f"{_lifecycle_text(stage)}{flag}"
             )
-        if not rows and not as_json:
+        for node, stage in sorted(stages.items()):
+            if node in listed:
+                continue
+            if as_json:
+                click.echo(json.dumps({"node": node, "incidents": 0, **_lifecycle_json(stage)}))
+            else:
+                click.echo(f"{node:<14}   0 incident(s) in the window  {_lifecycle_text(stage)}")
+        if not rows and not stages and not as_json:
             click.echo(f"no node implicated in the last {hours:g} h")
+
+    @nodes_cmd.command("returned")
+    @click.argument("node")
+    @click.option("--by", required=True, help="Who repaired it (recorded in the audit trail).")
+    @click.option("--ticket", default="", help="The repair ticket.")
+    @click.option("--note", default="", help="What was done (recorded).")
+    @config_options
+    def nodes_returned_cmd(
+        node: str,
+        by: str,
+        ticket: str,
+        note: str,
+        config_path: Path | None,
+        cluster: str,
+        state_dir: Path,
+    ) -> None:
+        """Say that NODE, sent to repair by its lifecycle, is repaired: the lifecycle validates
+        it with its health checks and returns it to service only if they pass."""
+        from relaunch.connectors.temporal import connect
+        from relaunch.models.lifecycle import RepairReturn
+        from relaunch.models.names import node_name
+        from relaunch.workflows.recovery_client import signal_repaired
+
+        async def go() -> str:
+            config = load_config(config_path, cluster, state_dir)
+            client = await connect(config)
+            repair = RepairReturn(by=by, ticket=ticket[:64], note=note[:500])
+            return await signal_repaired(client, config.name, node_name(node), repair)
+
+        try:
+            lifecycle = asyncio.run(go())
+        except RelaunchError as exc:
+            fail(exc)
+        click.echo(f"{node}: repair reported to {lifecycle}; it validates the node now")
+
+
+def _lifecycle_json(stage: StoredEvent | None) -> dict[str, object]:
+    if stage is None:
+        return {}
+    return {
+        "lifecycle": stage.incident_id,
+        "lifecycle_stage": stage.stage,
+        "lifecycle_at": stage.at.isoformat(),
+        "lifecycle_summary": stage.summary,
+    }
+
+
+def _lifecycle_text(stage: StoredEvent | None) -> str:
+    if stage is None:
+        return ""
+    return f"[{stage.stage} since {stage.at:%H:%M}: {stage.incident_id}]  "

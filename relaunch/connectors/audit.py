@@ -308,6 +308,37 @@ class AuditStore:
             row = await cur.fetchone()
             return int(row[0]) if row else 0
 
+    async def node_lifecycle_events(
+        self, cluster: str, node: str, since: datetime, *, limit: int = 2000
+    ) -> list[StoredEvent]:
+        """The rows of ``node``'s lifecycles on ``cluster`` since ``since``, oldest first
+        (``relaunch-<cluster>-lifecycle-<node>-<n>``: their faults, stages and checks)."""
+        prefix = f"relaunch-{cluster}-lifecycle-{node}-"
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                "select id, incident_id, kind, at, actor, stage, nodes, summary, data"
+                " from audit_events where incident_id like %s and nodes @> array[%s]::text[]"
+                " and at >= %s order by id limit %s",
+                (pattern, node, since, limit),
+            )
+            return [StoredEvent.model_validate(row) for row in await cur.fetchall()]
+
+    async def node_stages(self, cluster: str) -> dict[str, StoredEvent]:
+        """Each node's latest lifecycle stage row on ``cluster`` (node → its `node_stage` row:
+        the stage, the lifecycle's id, when, and what it said)."""
+        sql = """
+            select distinct on (e.nodes[1]) e.id, e.incident_id, e.kind, e.at, e.actor,
+                   e.stage, e.nodes, e.summary, e.data
+            from audit_events e join incidents i on i.id = e.incident_id
+            where i.cluster = %s and e.kind = 'node_stage'
+            order by e.nodes[1], e.id desc
+        """
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, (cluster,))
+            rows = [StoredEvent.model_validate(row) for row in await cur.fetchall()]
+        return {row.nodes[0]: row for row in rows if row.nodes}
+
     async def events(self, incident_id: str) -> list[StoredEvent]:
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(

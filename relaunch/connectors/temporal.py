@@ -17,12 +17,14 @@ from temporalio.service import TLSConfig
 from relaunch.models.config import ClusterConfig
 from relaunch.models.endpoints import TemporalTlsSettings
 from relaunch.models.errors import RelaunchError, SchedulerError
+from relaunch.models.lifecycle import LifecycleFault, LifecycleInput, lifecycle_id
 from relaunch.models.node_decision import NodeDecisionInput, node_decision_id, node_task_queue
 from relaunch.models.recovery import Policy
 
 # The workflow type of relaunch/workflows/node_decision.py, named rather than imported: the
 # activities and the watcher that signal it do not depend on workflow code.
 NODE_DECISION_WORKFLOW = "NodeDecisionWorkflow"
+LIFECYCLE_WORKFLOW = "NodeLifecycleWorkflow"
 # How many decisions of one node a signal looks past (closed ones: the node failed before).
 MAX_DECISIONS_PER_NODE = 10_000
 
@@ -132,3 +134,46 @@ class NodeDecisionSignals:
             answer = getattr(handle, "_start_workflow_response", None)
             return decision, bool(getattr(answer, "started", True))
         raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} decisions")
+
+
+class LifecycleSignals:
+    """Signal-with-start of a node's current lifecycle (relaunch/workflows/lifecycle.py): the
+    running one, or the node's next when the latest has closed (one at a time per node; the
+    same numbering as the node decisions, see ``NodeDecisionSignals``)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._latest: dict[tuple[str, str], int] = {}
+
+    async def fault(self, config: ClusterConfig, node: str, fault: LifecycleFault) -> str:
+        """Tell ``node``'s lifecycle about ``fault`` (starting it where none runs); its id."""
+        cluster = config.name
+        key = (cluster, node)
+        n = self._latest.get(key, 1)
+        mode = config.lifecycle.mode or config.policy.mode
+        for _ in range(MAX_DECISIONS_PER_NODE):
+            lifecycle = lifecycle_id(cluster, node, n)
+            try:
+                await self.client.start_workflow(
+                    LIFECYCLE_WORKFLOW,
+                    LifecycleInput(
+                        cluster=cluster,
+                        node=node,
+                        n=n,
+                        mode=mode,
+                        approval_timeout_s=config.policy.approval_timeout_s,
+                        settings=config.lifecycle,
+                    ),
+                    id=lifecycle,
+                    task_queue=node_task_queue(cluster),
+                    start_signal="fault",
+                    start_signal_args=[fault],
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    task_timeout=DECISION_TASK_TIMEOUT,
+                )
+            except WorkflowAlreadyStartedError:
+                n += 1
+                continue
+            self._latest[key] = n
+            return lifecycle
+        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} lifecycles")

@@ -13,7 +13,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from relaunch.models.recovery import (
-    DRAIN_REASON_PREFIX,
+    RELAUNCH_REASONS,
     RESTARTING,
     Action,
     ActionPlan,
@@ -96,7 +96,7 @@ def held_out(
         n.name
         for n in nodes
         if n.drain_flag
-        and n.reason.startswith(DRAIN_REASON_PREFIX)
+        and n.reason.startswith(RELAUNCH_REASONS)
         and (n.reason_time is None or n.reason_time >= since)
     }
     return (set(drained_by_relaunch) | by_reason) & down
@@ -225,6 +225,7 @@ def make_plan(
         guards=guards,
         reasons=reasons,
         remedies=remedies,
+        category=verdict.category,
     )
 
 

@@ -24,6 +24,10 @@ from relaunch.devstack.slurm import SlurmLayout, slurmd_pid
 from relaunch.models.errors import StackError
 
 _TABLE = re.compile(r"[a-z][a-z0-9_]{0,40}")
+# In a node's folder (``<cluster>/nodes/<node>/``): the GPU fault the dev cluster's `dev-gpu`
+# health check sees (see ``Stack.lifecycle_settings``). A real GPU's fault outlives a restart
+# of slurmd, and so does this marker: only ``clear_gpu_fault`` (the "repair") removes it.
+GPU_FAULT_MARKER = "gpu-fault"
 
 
 def xid79_line(node: str, when: datetime | None = None, pid: int = 4242) -> str:
@@ -213,3 +217,69 @@ def _nft(
     if check and out.returncode != 0:
         raise StackError(f"nft {' '.join(argv)} failed: {out.stderr.strip()[-300:]}")
     return out
+
+
+def mark_gpu_fault(node_dir: Path, text: str = "Xid 79: GPU has fallen off the bus") -> Path:
+    """Mark the node's GPU broken for the dev cluster's `dev-gpu` check (``node_dir``: the
+    node's folder, the parent of its kern.log)."""
+    node_dir.mkdir(parents=True, exist_ok=True)
+    marker = node_dir / GPU_FAULT_MARKER
+    marker.write_text(text + "\n")
+    return marker
+
+
+def clear_gpu_fault(node_dir: Path) -> bool:
+    """The GPU "repaired": remove the marker; whether there was one."""
+    marker = node_dir / GPU_FAULT_MARKER
+    existed = marker.exists()
+    marker.unlink(missing_ok=True)
+    return existed
+
+
+def reboot_node(layout: SlurmLayout, node: str, *, wait_s: float = 30.0) -> None:
+    """What a reboot is on the dev cluster: the node's slurmd stops (its job processes with
+    it, as the machine's would) and starts again."""
+    pid = slurmd_pid(layout, node)
+    victims = [p.pid for p in job_processes(layout, node)]
+    if pid:
+        victims.append(pid)
+    for v in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(v, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while pid and psutil.pid_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _start_slurmd(layout, node)
+    # Back as a real machine comes back: registered and answering. slurmctld may ping the new
+    # slurmd before it can answer, and then waits SlurmdTimeout/3 to ask again: a second start
+    # registers it afresh.
+    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        state = subprocess.run(
+            ["sinfo", "-h", "-n", node, "-o", "%T"],
+            env={**os.environ, **layout.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        if state and not state.endswith("*"):
+            return
+        if time.monotonic() - started > 5:
+            restarted = slurmd_pid(layout, node)
+            if restarted:
+                os.kill(restarted, signal.SIGTERM)
+                time.sleep(1)
+            _start_slurmd(layout, node)
+            started = time.monotonic()
+        time.sleep(0.5)
+
+
+def _start_slurmd(layout: SlurmLayout, node: str) -> None:
+    if slurmd_pid(layout, node):
+        return
+    result = subprocess.run(
+        ["slurmd", "-N", node, "-f", str(layout.conf)], capture_output=True, text=True, timeout=60
+    )
+    if result.returncode != 0:
+        raise StackError(f"slurmd {node} did not start: {result.stderr.strip()[-300:]}")

@@ -25,6 +25,7 @@ from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack import procs, services
 from relaunch.devstack.clusters import CLUSTER_SERVICES, ClusterHome, MoreCluster, free_port_block
+from relaunch.devstack.faults import GPU_FAULT_MARKER
 from relaunch.devstack.slurm import (
     SlurmLayout,
     ctld_pid,
@@ -40,6 +41,7 @@ from relaunch.devstack.slurm import (
 from relaunch.devstack.status import StackStatus, stack_status
 from relaunch.models.config import ClusterConfig, ConsoleSettings
 from relaunch.models.errors import RelaunchError, StackError
+from relaunch.models.lifecycle import HealthCheck, LifecycleSettings
 from relaunch.models.scheduler import NodeState
 
 DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
@@ -343,6 +345,45 @@ class Stack:
             node_log_pattern=str(home.node_log("{node}")),
             telemetry_pattern=home.telemetry_pattern(),
             console=self.console_settings(),
+            lifecycle=self.lifecycle_settings(home),
+        )
+
+    def lifecycle_settings(self, home: ClusterHome) -> LifecycleSettings:
+        """The dev cluster's node lifecycle: a reboot restarts the node's slurmd, the storage
+        check writes under the cluster's folder, and the site check `dev-gpu` stands in for a
+        GPU check on these GPU-less nodes: it fails while the fault injector's marker is there
+        (relaunch/devstack/faults.py, ``mark_gpu_fault``)."""
+        checks_dir = home.root / "checks"  # made by write_cluster_config
+        marker = str(home.root / "nodes" / "{node}" / GPU_FAULT_MARKER)
+        return LifecycleSettings(
+            settle_s=5,
+            reboot_command=[
+                str(Path(sys.executable).with_name("relaunch")),
+                "dev",
+                "reboot-node",
+                "--state-dir",
+                str(self.state_dir.resolve()),
+                "--cluster",
+                home.name,
+                "{node}",
+            ],
+            reboot_timeout_s=120,
+            check_workdir=str(checks_dir),
+            checks=[
+                HealthCheck(
+                    id="dev-gpu",
+                    description="the dev cluster's stand-in GPU check: fails while the fault "
+                    "injector's marker says the node's GPU is broken",
+                    argv=[
+                        "sh",
+                        "-c",
+                        f'm="{marker}"; if [ -e "$m" ]; then cat "$m"; exit 1; '
+                        'fi; echo "no GPU fault marked"',
+                    ],
+                    timeout_s=30,
+                    pass_pattern="no GPU fault marked",
+                )
+            ],
         )
 
     def write_cluster_config(self) -> None:
@@ -357,6 +398,7 @@ class Stack:
                     path.write_text(saved.model_dump_json(indent=2))
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
+            (home.root / "checks").mkdir(parents=True, exist_ok=True)
             for node in home.slurm.nodes:
                 home.node_log(node).parent.mkdir(parents=True, exist_ok=True)
                 home.node_log(node).touch()

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from relaunch.models import names
 from relaunch.models.endpoints import SlurmRestSettings, TemporalTlsSettings
+from relaunch.models.lifecycle import LifecycleSettings
 from relaunch.models.logstore import LogStoreSettings
 from relaunch.models.notify import NotifySettings
 from relaunch.models.recovery import Policy
@@ -224,6 +225,11 @@ class ClusterConfig(BaseModel):
     notify: NotifySettings = Field(
         default_factory=NotifySettings,
         description="webhook, Slack and PagerDuty channels (`relaunch console` sends)",
+    )
+    lifecycle: LifecycleSettings = Field(
+        default_factory=LifecycleSettings,
+        description="what happens to a node Relaunch drains: checks, the remediation ladder, "
+        "repair (docs/lifecycle.md)",
     )
 
     @property

@@ -181,6 +181,7 @@ class NodePlan(BaseModel):
     needs_override: bool = False
     reasons: list[str] = Field(default_factory=list)
     remedy: str | None = None
+    category: Category | None = Field(default=None, description="the fault's category")
     job_id: str = Field(description="the first job's: the guard counts its partition")
     partition: str | None = Field(
         default=None, description="the partition the guard counts when no job convicted the node"
@@ -215,6 +216,7 @@ class NodePlan(BaseModel):
             needs_override=self.needs_override,
             remedies={self.node: self.remedy} if self.remedy else {},
             guard_partition=self.partition,
+            category=self.category,
         )
 
 

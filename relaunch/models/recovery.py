@@ -128,6 +128,10 @@ def parse_recovery_id(incident: str) -> tuple[str, str, int] | None:
 
 # The reason Relaunch writes on a node it drains: how Slurm itself says which drains are ours.
 DRAIN_REASON_PREFIX = "relaunch incident "
+# A node's lifecycle writes its own reasons ("relaunch: repair <ticket>", "relaunch: checks
+# failed (...)"): what Relaunch drained starts with one of these.
+LIFECYCLE_REASON_PREFIX = "relaunch: "
+RELAUNCH_REASONS = (DRAIN_REASON_PREFIX, LIFECYCLE_REASON_PREFIX)
 
 
 def drain_reason(incident_id: str) -> str:
@@ -345,6 +349,9 @@ class ActionPlan(BaseModel):
         default=None,
         description="the partition the blast-radius guard counts at drain time; None: the "
         "job's (a node decision the watcher's report started has no job)",
+    )
+    category: Category | None = Field(
+        default=None, description="the fault's category: what the drained nodes' lifecycles check"
     )
 
     @property

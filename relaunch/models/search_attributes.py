@@ -54,6 +54,9 @@ CATEGORY = SearchAttribute("RelaunchCategory", "Keyword", "the verdict's categor
 STAGE = SearchAttribute("RelaunchStage", "Keyword", "the recovery's stage (Stage)")
 MODE = SearchAttribute("RelaunchMode", "Keyword", "monitor or autonomous")
 NODES = SearchAttribute("RelaunchNodes", "KeywordList", "the verdict's culprit nodes")
+NODE_STAGE = SearchAttribute(
+    "RelaunchNodeStage", "Keyword", "a drained node's lifecycle stage (NodeStage)"
+)
 AWAITING_APPROVAL = SearchAttribute(
     "RelaunchAwaitingApproval", "Bool", "whether the recovery waits for a person's decision"
 )
@@ -66,6 +69,7 @@ ALL: tuple[SearchAttribute, ...] = (
     MODE,
     NODES,
     AWAITING_APPROVAL,
+    NODE_STAGE,
 )
 
 # Name → type, as `temporal server start-dev --search-attribute` and the registration take them.

@@ -19,6 +19,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from relaunch.activities.actions import ActionActivities
 from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
+from relaunch.activities.lifecycle import LifecycleActivities
 from relaunch.activities.node import NodeActivities
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.logstores import open_log_store
@@ -28,12 +29,13 @@ from relaunch.detection.signatures import Catalogue
 from relaunch.models.config import ClusterConfig
 from relaunch.models.node_decision import node_task_queue
 from relaunch.models.recovery import task_queue
+from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
 from relaunch.workflows.node_decision import NodeDecisionWorkflow
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 log = logging.getLogger("relaunch.worker")
 
-WORKFLOWS = [RecoveryWorkflow, NodeDecisionWorkflow]
+WORKFLOWS = [RecoveryWorkflow, NodeDecisionWorkflow, NodeLifecycleWorkflow]
 
 # The sandbox imports a workflow's module afresh for every workflow it starts: for Relaunch's,
 # compiling relaunch/workflows/recovery.py and node_decision.py anew each time (a py-spy
@@ -48,6 +50,7 @@ WORKFLOW_RUNNER = SandboxedWorkflowRunner(
 
 def activities_for(deps: Deps) -> list[Callable[..., Any]]:
     evidence, actions, node = EvidenceActivities(deps), ActionActivities(deps), NodeActivities(deps)
+    life = LifecycleActivities(deps)
     return [
         evidence.record_detection,
         evidence.record_event,
@@ -64,6 +67,14 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         node.plan_node,
         node.requeue_batch,
         node.look_again,
+        life.start,
+        life.reserve,
+        life.hold,
+        life.run_checks,
+        life.apply_rung,
+        life.escalate,
+        life.return_node,
+        life.node_state,
     ]
 
 

@@ -158,6 +158,14 @@ class NodeDecisionWorkflow:
             self._report = report
 
     @workflow.signal
+    def back_in_service(self, note: str) -> None:
+        """The node's lifecycle returned it to service (relaunch/workflows/lifecycle.py): this
+        failure is over, and the node's next one is the next decision's. Jobs that join from
+        now on go on alone; the decision closes."""
+        if not self._back:
+            self._back = note[:500]
+
+    @workflow.signal
     async def approve(self, approval: Approval) -> None:
         """Approve the node's plan (the Temporal UI's way; `relaunch approve` uses `decide`)."""
         self._signalled(Decision.APPROVE, approval)
@@ -477,13 +485,13 @@ class NodeDecisionWorkflow:
         the node for: LOOK_AGAIN); whether either did."""
         try:
             await workflow.wait_condition(
-                lambda: bool(self._pending) or self._look_due_at() is not None,
+                lambda: bool(self._pending) or self._look_due_at() is not None or bool(self._back),
                 timeout=JOIN_WINDOW,
                 timeout_summary="join window",
             )
         except TimeoutError:
             return bool(self._pending) or self._look_due_at() is not None
-        return True
+        return not self._back
 
     async def _serve_joins(self) -> None:
         """Requeue (or tell the fate of) every job that joined, batch by batch, until no job
@@ -491,6 +499,9 @@ class NodeDecisionWorkflow:
         inp = self._input
         assert inp is not None
         while True:
+            if self._back:  # returned to service by its lifecycle: over
+                await self._tell(self._take_pending(), self._update(JobOutcome.FAILED, self._back))
+                return
             if not self._pending:
                 if self._look_due_at() is None:
                     if not await self._joined_within_window():
@@ -559,7 +570,7 @@ class NodeDecisionWorkflow:
             return
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(
-                lambda: bool(self._pending) or self._look_due(),
+                lambda: bool(self._pending) or self._look_due() or bool(self._back),
                 timeout=wait,
                 timeout_summary="look at the node again",
             )

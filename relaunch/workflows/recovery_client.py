@@ -29,6 +29,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from relaunch.models import search_attributes as sa
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
+from relaunch.models.lifecycle import (
+    LifecycleStatus,
+    NodeStage,
+    RepairReturn,
+    parse_lifecycle_id,
+)
 from relaunch.models.node_decision import NodeDecisionStatus, parse_node_decision_id
 from relaunch.models.recovery import (
     Approval,
@@ -37,6 +43,7 @@ from relaunch.models.recovery import (
     Detection,
     RecoveryInput,
     RecoveryStatus,
+    Stage,
     parse_recovery_id,
     recovery_workflow_id,
     same_attempt_ids,
@@ -200,6 +207,8 @@ async def decide(
     awaits no decision (another stage, or already decided) refuses it, and nothing is sent
     in its place: the RelaunchError says why."""
     inp = DecisionInput(decision=Decision(decision), approval=approval)
+    if parse_lifecycle_id(incident) is not None:  # first: a node may be named node-1
+        return await _decide_lifecycle(client, incident, inp)
     if parse_node_decision_id(incident) is not None:
         return await _decide_node(client, incident, inp)
     try:
@@ -248,6 +257,52 @@ async def _decide_node(client: Client, decision_id: str, inp: DecisionInput) -> 
         node_decisions={node.node: node.decision_id},
         node_decision=node.decision_id,
         covers=len(node.covers),
+    )
+
+
+async def _decide_lifecycle(client: Client, lifecycle: str, inp: DecisionInput) -> RecoveryStatus:
+    """A person's decision on a node lifecycle's pending step (a rung, or the return to
+    service), told as a recovery's status."""
+    try:
+        status = await client.get_workflow_handle(lifecycle).execute_update(
+            "decide", inp, result_type=LifecycleStatus
+        )
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        why = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
+        raise RelaunchError(f"node lifecycle {lifecycle}: {why}") from exc
+    except RPCError as exc:
+        raise RelaunchError(f"node lifecycle {lifecycle}: {exc.message}") from exc
+    return RecoveryStatus(
+        incident_id=status.lifecycle_id,
+        stage=Stage.AWAITING_APPROVAL if status.pending else Stage.ACTING,
+        mode=status.mode,
+        awaiting_approval=status.pending is not None,
+        decided_by=inp.approval.by,
+        outcome=f"{status.node} {status.stage.value}",
+    )
+
+
+async def signal_repaired(client: Client, cluster: str, node: str, repair: RepairReturn) -> str:
+    """Tell the node's lifecycle that waits for its repair that it is repaired (signal
+    `returned`); its id. RelaunchError where no lifecycle of the node waits for a repair."""
+    query = (
+        f'WorkflowType="NodeLifecycleWorkflow" AND ExecutionStatus="Running" AND '
+        f'RelaunchCluster="{cluster}" AND RelaunchNodes="{node}"'
+    )
+    async for execution in client.list_workflows(query, limit=5):
+        handle = client.get_workflow_handle(execution.id)
+        status = await handle.query("status", result_type=LifecycleStatus)
+        if status.stage is not NodeStage.ESCALATED:
+            raise RelaunchError(
+                f"{node}'s lifecycle {execution.id} is {status.stage.value}, not waiting for a "
+                "repair"
+            )
+        await handle.signal("returned", repair)
+        return execution.id
+    raise RelaunchError(
+        f"no lifecycle of {node} on {cluster} is waiting for a repair",
+        hint="`relaunch nodes` shows each node's stage",
     )
 
 

@@ -25,6 +25,7 @@ from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import SERVICE_READY, Stack
 from relaunch.devstack.workload import submit_training
 from relaunch.models.config import ClusterConfig, WatchSettings
+from relaunch.models.lifecycle import LifecycleSettings
 from relaunch.models.recovery import (
     TERMINAL_STAGES,
     Policy,
@@ -58,6 +59,9 @@ class Harness:
             node_log_pattern=str(tmp / name / "nodes" / "{node}" / "kern.log"),
             policy=policy,
             watch=WatchSettings(poll_interval_s=0.5),
+            # Tests share one Slurm: a drained node stays as the test left it (the lifecycle's
+            # own tests turn it on: tests/integration/test_lifecycle.py).
+            lifecycle=LifecycleSettings(enabled=False),
         )
         self.config_path = tmp / f"{name}.json"
         self.config_path.write_text(self.config.model_dump_json(indent=2))

@@ -29,6 +29,7 @@ from relaunch.devstack import faults, procs
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.devstack.workload import submit_training
 from relaunch.models.config import WatchSettings
+from relaunch.models.lifecycle import LifecycleSettings
 from relaunch.models.recovery import (
     TERMINAL_STAGES,
     Mode,
@@ -62,6 +63,8 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 update={
                     "policy": Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=150),
                     "watch": WatchSettings(poll_interval_s=0.5),
+                    # The drains are what this test checks: no lifecycle returns the nodes.
+                    "lifecycle": LifecycleSettings(enabled=False),
                 }
             )
             home.config_path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from relaunch.connectors.liveness import Prober, make_prober
 from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.fresh import FreshRead
+from relaunch.connectors.slurm.maintenance import NodeMaintenance
 from relaunch.connectors.slurm.runner import (
     CONTROLLER_HINT,
     CommandResult,
@@ -286,6 +287,10 @@ class SlurmCli:
         run: here, or on the SSH host (``relaunch.connectors.liveness``). Close it when done."""
         remote = None if isinstance(self._runner, LocalRunner) else self._runner
         return make_prober(method, runner=remote)
+
+    def maintenance(self) -> NodeMaintenance:
+        """A drained node's maintenance: reservation, commands on the node, reboot."""
+        return NodeMaintenance(self)
 
     async def resume_node(self, name: str) -> ActionResult:
         name = names.node_name(name)

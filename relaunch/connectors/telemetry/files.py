@@ -131,3 +131,16 @@ async def read_job_telemetry(
 def _short(exc: Exception) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
+
+
+async def read_node_telemetry(
+    node: str, pattern: str | None, *, limit: int, timeout_s: float
+) -> list[TelemetrySample]:
+    """The last ``limit`` bytes of one node's agent samples (every sample, torn lines skipped);
+    none where no ``pattern`` is configured or the file is missing."""
+    if not pattern:
+        return []
+    read = await read_tail(
+        pattern.format(node=node), FileAccess.operator_file(), limit, timeout_s=timeout_s
+    )
+    return [s for s in attempt_samples(read.text, None) if s.node == node]

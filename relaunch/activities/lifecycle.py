@@ -1,0 +1,501 @@
+"""The node lifecycle's activities: look at the drained node, fence it off in a maintenance
+reservation, run the health checks on it through Slurm, apply a rung of the remediation ladder,
+hand it to repair, return it to service. Thin: Slurm, the audit trail and the repair webhook
+do the work (relaunch/workflows/lifecycle.py orchestrates).
+
+Each side effect reads fresh state first and verifies after, so a retried activity (a worker
+killed mid-step) finds its work done rather than doing it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+from temporalio import activity
+from temporalio.service import RPCError
+
+from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
+from relaunch.connectors.slurm.commands import SlurmCli
+from relaunch.connectors.slurm.maintenance import NodeMaintenance, RebootRefusedError
+from relaunch.connectors.telemetry.files import read_node_telemetry
+from relaunch.detection.health import checks_for, judge, judge_counters, ladder_for, wrapped_argv
+from relaunch.models.errors import NodeNotFoundError, RelaunchError, SchedulerError
+from relaunch.models.lifecycle import (
+    CheckKind,
+    CheckResult,
+    CheckRun,
+    ChecksInput,
+    EscalateInput,
+    EscalateResult,
+    NodeStepInput,
+    ReturnResult,
+    Rung,
+    RungInput,
+    RungResult,
+    StartInput,
+    StartResult,
+    reservation_name,
+)
+from relaunch.models.recovery import LIFECYCLE_REASON_PREFIX, RELAUNCH_REASONS
+from relaunch.models.scheduler import NodeState
+
+log = logging.getLogger("relaunch.activities.lifecycle")
+TELEMETRY_READ = 1 << 20
+WEBHOOK_TIMEOUT_S = 15.0
+# A rebooted node counts as back once this many reads a second apart find it answering.
+BACK_READS = 3
+# A validation waits this long for a node that does not answer yet (just rebooted or repaired).
+ANSWER_WAIT_S = 60.0
+
+
+class RepairWebhookError(RelaunchError):
+    """The repair webhook did not take the ticket (retried)."""
+
+    retryable = True
+
+
+def repair_reason(ticket: str) -> str:
+    return f"{LIFECYCLE_REASON_PREFIX}repair {ticket}"
+
+
+def checks_failed_reason(lifecycle_id: str) -> str:
+    return f"{LIFECYCLE_REASON_PREFIX}checks failed ({lifecycle_id})"
+
+
+class LifecycleActivities:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def _maintenance(self) -> NodeMaintenance:
+        sched = self.deps.scheduler
+        if not isinstance(sched, SlurmCli):
+            raise SchedulerError("this scheduler cannot run node maintenance (Slurm CLI needed)")
+        return sched.maintenance()
+
+    # ------------------------------------------------------------------ start
+
+    @activity.defn(name="lifecycle_start")
+    @typed_errors
+    async def start(self, inp: StartInput) -> StartResult:
+        """A fresh read of the node, the ladder for its fault, and whether it goes straight to
+        repair: the catalogue says so, it is a lemon (returned by a lifecycle within the window
+        and failing again), or it had the same fault too often in the window."""
+        fault, settings = inp.fault, inp.settings
+        try:
+            node = await self.deps.scheduler.get_node(inp.node)
+        except NodeNotFoundError:
+            return StartResult(drained=False, state="not in Slurm", ladder=[])
+        out = node.drain_flag or node.state is NodeState.DOWN or not node.responding
+        ladder = ladder_for(settings, fault.remedy, fault.category)
+        since = datetime.now(UTC) - timedelta(hours=settings.escalate_after_return_hours)
+        history = await self.deps.audit.node_lifecycle_events(inp.cluster, inp.node, since)
+        returned = [e for e in history if e.kind == "node_stage" and e.stage == "returned"]
+        same = {
+            e.incident_id
+            for e in history
+            if e.kind == "lifecycle_fault"
+            and fault.kind
+            and e.data.get("kind") == fault.kind
+            and e.incident_id != inp.lifecycle_id
+        }
+        escalate = ""
+        if fault.remedy == Rung.ESCALATE.value:
+            escalate = "the Xid catalogue sends this fault to repair"
+        elif returned:
+            last = returned[-1]
+            escalate = (
+                f"returned to service by {last.incident_id} at {last.at:%Y-%m-%d %H:%M} and "
+                f"failing again within {settings.escalate_after_return_hours:g} h"
+            )
+        elif fault.kind and len(same) + 1 >= settings.same_fault_escalates:
+            escalate = (
+                f"{fault.kind} {len(same) + 1} times within "
+                f"{settings.escalate_after_return_hours:g} h"
+            )
+        return StartResult(
+            drained=out,
+            state=node.display_state,
+            reason=node.reason,
+            ladder=ladder,
+            escalate=escalate,
+        )
+
+    # ------------------------------------------------------------------ reservation
+
+    @activity.defn(name="lifecycle_reserve")
+    @typed_errors
+    @keeps_heartbeating
+    async def reserve(self, inp: NodeStepInput) -> str:
+        """Fence the node off in its maintenance reservation (no user job starts there), then
+        clear the drain so that the checks can run on it as Slurm steps. Returns the node's
+        state after, from a fresh read."""
+        maint = self._maintenance()
+        name = reservation_name(inp.node)
+        beat(f"reserve {inp.node}")
+        await maint.reserve_node(name, inp.node)
+        node = await self.deps.scheduler.get_node(inp.node)
+        if node.drain_flag and node.responding:  # a silent node stays drained: nothing runs there
+            beat(f"undrain {inp.node} inside {name}")
+            await self.deps.scheduler.resume_node(inp.node)
+            node = await self.deps.scheduler.get_node(inp.node)
+        return node.display_state
+
+    @activity.defn(name="lifecycle_hold")
+    @typed_errors
+    async def hold(self, inp: NodeStepInput) -> str:
+        """Drain the node again (its checks failed) while it waits for a person or the next
+        rung; the reservation stays. The node's state after."""
+        result = await self._maintenance().set_drain_reason(
+            inp.node, checks_failed_reason(inp.lifecycle_id)
+        )
+        return result.note
+
+    # ------------------------------------------------------------------ checks
+
+    @activity.defn(name="lifecycle_checks")
+    @typed_errors
+    @keeps_heartbeating
+    async def run_checks(self, inp: ChecksInput) -> CheckRun:
+        """Run the catalogue's checks for the fault on the node, one Slurm step each inside
+        its reservation; telemetry checks read the node agent's counters."""
+        started = datetime.now(UTC)
+        maint = self._maintenance()
+        settings = inp.settings
+        env = {"RELAUNCH_CHECK_DIR": settings.check_workdir} if settings.check_workdir else {}
+        results: list[CheckResult] = []
+        node = await self.deps.scheduler.get_node(inp.node)
+        waits_until = time.monotonic() + (ANSWER_WAIT_S if inp.purpose != "diagnose" else 0)
+        while not node.responding and time.monotonic() < waits_until:
+            beat(f"wait for {inp.node} to answer")
+            await asyncio.sleep(1)
+            node = await self.deps.scheduler.get_node(inp.node)
+        if not node.responding:
+            results.append(
+                CheckResult(
+                    id="slurmd",
+                    passed=False,
+                    detail=f"the node's slurmd does not answer ({node.display_state}): no check "
+                    "can run there",
+                )
+            )
+            return CheckRun(
+                purpose=inp.purpose,
+                results=results,
+                started_at=started,
+                finished_at=datetime.now(UTC),
+            )
+        for check in checks_for(settings, inp.category):
+            beat(f"check {check.id} on {inp.node}")
+            if check.kind is CheckKind.TELEMETRY:
+                samples = await read_node_telemetry(
+                    inp.node,
+                    self.deps.config.telemetry_pattern,
+                    limit=TELEMETRY_READ,
+                    timeout_s=10,
+                )
+                results.append(judge_counters(check, samples, inp.since))
+                continue
+            t0 = time.monotonic()
+            try:
+                code, output, _ = await maint.run_on_node(
+                    inp.node,
+                    wrapped_argv(check, inp.node),
+                    reservation_name=reservation_name(inp.node),
+                    timeout_s=check.timeout_s,
+                    job_name=f"relaunch-check-{check.id}"[:80],
+                    env=env,
+                )
+            except SchedulerError as exc:  # srun itself failed: the check did not pass
+                results.append(
+                    CheckResult(
+                        id=check.id,
+                        passed=False,
+                        detail=f"could not run: {exc}"[:300],
+                        seconds=time.monotonic() - t0,
+                    )
+                )
+                continue
+            results.append(
+                judge(
+                    check,
+                    code,
+                    output,
+                    seconds=round(time.monotonic() - t0, 2),
+                    timed_out=code is None,
+                )
+            )
+        return CheckRun(
+            purpose=inp.purpose,
+            results=results,
+            started_at=started,
+            finished_at=datetime.now(UTC),
+        )
+
+    # ------------------------------------------------------------------ rungs
+
+    @activity.defn(name="lifecycle_rung")
+    @typed_errors
+    @keeps_heartbeating
+    async def apply_rung(self, inp: RungInput) -> RungResult:
+        """Apply one rung that changes the node: a GPU reset or a reboot, and wait for the node
+        to come back. ``done`` False where the rung is not available here."""
+        # Once per fault, even across a worker killed mid-rung: the rung's start is written
+        # first (a dedupe key), and a retry that finds it only waits for the node.
+        first = await self.deps.audit_row(
+            inp.lifecycle_id,
+            "rung_started",
+            f"{inp.rung.value} {inp.node}",
+            dedupe=f"rung_started:{inp.rung.value}",
+            nodes=[inp.node],
+        )
+        if not first:
+            if inp.rung is Rung.REBOOT:
+                back = await self._until_back(inp, time.monotonic(), "an earlier attempt")
+                return back.model_copy(update={"detail": back.detail + " (not asked again)"})
+            return RungResult(
+                rung=inp.rung, done=True, detail="applied by an earlier attempt (not again)"
+            )
+        if inp.rung is Rung.GPU_RESET:
+            return await self._gpu_reset(inp)
+        if inp.rung is Rung.REBOOT:
+            return await self._reboot(inp)
+        return RungResult(rung=inp.rung, done=False, detail=f"{inp.rung.value} changes nothing")
+
+    async def _gpu_reset(self, inp: RungInput) -> RungResult:
+        maint = self._maintenance()
+        code, output, _ = await maint.run_on_node(
+            inp.node,
+            [
+                "sh",
+                "-c",
+                'command -v nvidia-smi >/dev/null || { echo "no nvidia-smi"; exit 3; }; '
+                "nvidia-smi -r",
+            ],
+            reservation_name=reservation_name(inp.node),
+            timeout_s=120,
+            job_name="relaunch-gpu-reset",
+        )
+        if code == 3 and "no nvidia-smi" in output:
+            return RungResult(
+                rung=Rung.GPU_RESET, done=False, detail=f"nvidia-smi is not installed on {inp.node}"
+            )
+        if code != 0:
+            last = (output.strip().splitlines() or [""])[-1][:200]
+            return RungResult(
+                rung=Rung.GPU_RESET, done=True, detail=f"nvidia-smi -r failed (exit {code}): {last}"
+            )
+        return RungResult(rung=Rung.GPU_RESET, done=True, detail="nvidia-smi -r: GPUs reset")
+
+    async def _reboot(self, inp: RungInput) -> RungResult:
+        settings, sched = inp.settings, self.deps.scheduler
+        before = await sched.get_node(inp.node)
+        asked = time.monotonic()
+        if settings.reboot_command:
+            argv = [a.replace("{node}", inp.node) for a in settings.reboot_command]
+            beat(f"reboot {inp.node}: {Path(argv[0]).name}")
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            )
+            try:
+                out, _ = await asyncio.wait_for(proc.communicate(), 120)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                return RungResult(rung=Rung.REBOOT, done=True, detail="reboot command hung")
+            if proc.returncode != 0:
+                text = out.decode(errors="replace").strip()[-200:]
+                return RungResult(
+                    rung=Rung.REBOOT,
+                    done=True,
+                    detail=f"reboot command failed (exit {proc.returncode}): {text}",
+                )
+            how = "the site's reboot command"
+        else:
+            beat(f"scontrol reboot {inp.node}")
+            try:
+                await self._maintenance().reboot_node(inp.node, inp.reason)
+            except RebootRefusedError as exc:
+                return RungResult(rung=Rung.REBOOT, done=False, detail=str(exc))
+            how = "scontrol reboot"
+        return await self._until_back(inp, asked, how, before=before.display_state)
+
+    async def _until_back(
+        self, inp: RungInput, asked: float, how: str, *, before: str = "?"
+    ) -> RungResult:
+        """Wait for the rebooted node to answer again (up to the reboot timeout)."""
+        settings, sched = inp.settings, self.deps.scheduler
+        deadline = asked + settings.reboot_timeout_s
+        steady = 0  # a node just back may flap (slurmctld pinged it before it could answer)
+        while time.monotonic() < deadline:
+            beat(f"wait for {inp.node} to come back")
+            node = await sched.get_node(inp.node)
+            rebooting = any(f.startswith("REBOOT") for f in node.flags)
+            steady = steady + 1 if node.responding and not rebooting else 0
+            if steady >= BACK_READS:
+                waited = time.monotonic() - asked
+                return RungResult(
+                    rung=Rung.REBOOT,
+                    done=True,
+                    detail=f"rebooted by {how}; back after {waited:.0f}s ({node.display_state}, "
+                    f"was {before})",
+                )
+            await asyncio.sleep(1)
+        return RungResult(
+            rung=Rung.REBOOT,
+            done=True,
+            detail=f"rebooted by {how}, not back within {settings.reboot_timeout_s:g}s",
+        )
+
+    # ------------------------------------------------------------------ repair
+
+    @activity.defn(name="lifecycle_escalate")
+    @typed_errors
+    @keeps_heartbeating
+    async def escalate(self, inp: EscalateInput) -> EscalateResult:
+        """Post the repair ticket (once: the webhook gets an Idempotency-Key), drain the node
+        with the ticket as its reason, and end its maintenance reservation."""
+        settings = inp.settings
+        ticket = inp.lifecycle_id
+        posted = False
+        detail = "no repair webhook configured: the ticket is the audit trail"
+        if settings.repair_webhook is not None:
+            beat("post the repair ticket")
+            ticket, detail = await self._post_ticket(inp)
+            posted = True
+        node = await self.deps.scheduler.get_node(inp.node)
+        if node.drain_flag and not node.reason.startswith(RELAUNCH_REASONS):
+            detail += f"; {inp.node} drained by someone else ({node.reason}): reason kept"
+        else:
+            await self._maintenance().set_drain_reason(inp.node, repair_reason(ticket))
+        await self._maintenance().unreserve_node(reservation_name(inp.node))
+        return EscalateResult(ticket=ticket, posted=posted, detail=detail)
+
+    async def _post_ticket(self, inp: EscalateInput) -> tuple[str, str]:
+        settings = inp.settings
+        assert settings.repair_webhook is not None
+        reputation = await self.deps.audit.node_reputation(
+            inp.cluster,
+            datetime.now(UTC)
+            - timedelta(hours=self.deps.config.policy.repeat_offender_window_hours),
+        )
+        rep = next((r for r in reputation if r.node == inp.node), None)
+        incidents = sorted({f.incident_id for f in inp.faults})
+        body = {
+            "ticket_for": inp.lifecycle_id,
+            "cluster": inp.cluster,
+            "node": inp.node,
+            "why": inp.why,
+            "faults": [f.model_dump(mode="json") for f in inp.faults],
+            "incidents": incidents,
+            "bundles": [
+                str(Path(self.deps.config.bundle_dir) / i)
+                for i in incidents
+                if (Path(self.deps.config.bundle_dir) / i).exists()
+            ],
+            "history": [
+                {
+                    "incident": e.incident_id,
+                    "kind": e.kind,
+                    "at": e.at.isoformat(),
+                    "summary": e.summary,
+                }
+                for i in incidents
+                for e in await self.deps.audit.events(i)
+            ][-200:],
+            "checks": [r.model_dump(mode="json") for r in inp.runs],
+            "failed_checks": [f.model_dump(mode="json") for r in inp.runs[-1:] for f in r.failed],
+            "tried": [r.value for r in inp.tried],
+            "reputation": rep.model_dump(mode="json") if rep else None,
+        }
+        headers = {"Idempotency-Key": inp.lifecycle_id}
+        if settings.repair_webhook_token_file:
+            token = (
+                await asyncio.to_thread(Path(settings.repair_webhook_token_file).read_text)
+            ).strip()
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            async with httpx.AsyncClient(timeout=WEBHOOK_TIMEOUT_S) as client:
+                resp = await client.post(str(settings.repair_webhook), json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            # The URL may carry a secret: say only what failed.
+            raise RepairWebhookError(f"repair webhook unreachable ({type(exc).__name__})") from exc
+        if resp.status_code >= 300:
+            raise RepairWebhookError(f"repair webhook answered {resp.status_code}")
+        ticket = inp.lifecycle_id
+        try:
+            answer = resp.json()
+            if isinstance(answer, dict):
+                given = answer.get("ticket") or answer.get("id") or answer.get("key")
+                if isinstance(given, str | int) and str(given).strip():
+                    ticket = str(given).strip()[:64]
+        except ValueError:
+            pass
+        safe = "".join(c for c in ticket if c.isalnum() or c in "-_.#/:")[:64] or inp.lifecycle_id
+        return safe, f"repair ticket {safe} posted ({resp.status_code})"
+
+    # ------------------------------------------------------------------ return
+
+    @activity.defn(name="lifecycle_return")
+    @typed_errors
+    @keeps_heartbeating
+    async def return_node(self, inp: NodeStepInput) -> ReturnResult:
+        """Return the node to service: clear the drain, end the reservation, and verify with a
+        fresh read that the node takes jobs again."""
+        sched = self.deps.scheduler
+        beat(f"return {inp.node}")
+        node = await sched.get_node(inp.node)
+        if node.drain_flag:
+            if not node.reason.startswith(RELAUNCH_REASONS):
+                return ReturnResult(
+                    returned=False,
+                    detail=f"drained by someone else meanwhile ({node.reason}): left as it is",
+                )
+            await sched.resume_node(inp.node)
+        await self._maintenance().unreserve_node(reservation_name(inp.node))
+        after = await sched.get_node(inp.node)
+        waits_until = time.monotonic() + ANSWER_WAIT_S  # a node that flaps after its reboot
+        while not after.drain_flag and not after.responding and time.monotonic() < waits_until:
+            beat(f"wait for {inp.node} to answer")
+            await asyncio.sleep(1)
+            after = await sched.get_node(inp.node)
+        ok = not after.drain_flag and after.responding
+        if ok:
+            await self._close_decisions(inp)
+        return ReturnResult(
+            returned=ok,
+            detail=f"{inp.node} back in service ({after.display_state})"
+            if ok
+            else f"{inp.node} not back in service ({after.display_state})",
+        )
+
+    async def _close_decisions(self, inp: NodeStepInput) -> None:
+        """Tell the node's open decision that the node is back: its next failure starts the
+        next decision (and so a fresh drain and lifecycle) instead of joining this one."""
+        client = self.deps.temporal
+        if client is None:
+            return
+        query = (
+            f'WorkflowType="NodeDecisionWorkflow" AND ExecutionStatus="Running" AND '
+            f'RelaunchCluster="{inp.cluster}" AND RelaunchNodes="{inp.node}"'
+        )
+        note = f"{inp.node} returned to service by {inp.lifecycle_id}"
+        try:
+            async for wf in client.list_workflows(query, limit=10):
+                await client.get_workflow_handle(wf.id).signal("back_in_service", note)
+        except RPCError as exc:  # the decision then closes after its join window, as before
+            log.warning("could not tell %s's decision it is back: %s", inp.node, exc)
+
+    @activity.defn(name="lifecycle_node_state")
+    @typed_errors
+    async def node_state(self, inp: NodeStepInput) -> str:
+        """The node's state from a fresh read ("" when Slurm no longer lists it)."""
+        try:
+            node = await self.deps.scheduler.get_node(inp.node)
+        except NodeNotFoundError:
+            return ""
+        return node.display_state + (f" ({node.reason})" if node.reason else "")

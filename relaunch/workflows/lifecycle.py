@@ -1,0 +1,583 @@
+"""NodeLifecycleWorkflow: from drained to healthy, or to a repair ticket.
+
+Every node Relaunch drains gets one, ``relaunch-<cluster>-lifecycle-<node>-<n>`` (one at a time
+per node: a drain while one runs joins it as another fault). It confirms the drain with a
+fresh read, lets the node settle, fences it off in a maintenance reservation (no user job
+starts there) and runs the health-check catalogue on it through Slurm. Checks that pass return
+the node to service; checks that fail climb the remediation ladder, one rung at a time and each
+at most once per fault (GPU reset, reboot), validating after each; at the top, or straight away
+for a lemon (returned recently and failing again), the same fault too often, or a fault the Xid
+catalogue sends to repair, the node goes to repair: a ticket to the configured webhook, the
+node drained with the ticket as its reason, until someone says it is repaired (signal
+`returned`), when it is validated again before it returns.
+
+Nothing returns to service without a passing validation in the audit trail. In monitor mode a
+person approves every rung that changes the node and every return (the update `decide`, or the
+signals `approve` / `reject`, as for a recovery); a rejection or an expiry sends the node to
+repair. Orchestration only: every side effect is an activity. See docs/lifecycle.md.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from relaunch.activities.evidence import EvidenceActivities
+    from relaunch.activities.lifecycle import LifecycleActivities
+    from relaunch.models import search_attributes as sa
+    from relaunch.models.lifecycle import (
+        CHANGES_NODE,
+        CheckRun,
+        ChecksInput,
+        EscalateInput,
+        LifecycleCarry,
+        LifecycleFault,
+        LifecycleInput,
+        LifecycleStatus,
+        NodeStage,
+        NodeStepInput,
+        Pending,
+        RepairReturn,
+        Rung,
+        RungInput,
+        StartInput,
+    )
+    from relaunch.models.recovery import (
+        Approval,
+        Decision,
+        DecisionInput,
+        Mode,
+        RecordEventInput,
+        Stage,
+    )
+    from relaunch.workflows.recovery import (
+        PAST,
+        RECORD,
+        SA_AWAITING,
+        SA_CLUSTER,
+        SA_MODE,
+        SA_NODES,
+        CallPolicy,
+        NotAwaitingApprovalError,
+        call,
+    )
+
+SA_NODE_STAGE = SearchAttributeKey.for_keyword(sa.NODE_STAGE.name)
+# Looks at the node and its history; retried through an outage of Slurm or the database.
+LOOK = CallPolicy(
+    timedelta(seconds=60),
+    RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30)),
+)
+# Changes the node (reservation, drain, return, ticket): a few attempts, then the lifecycle
+# says what failed and hands the node to a person.
+CHANGE = CallPolicy(
+    timedelta(seconds=180),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=2),
+        maximum_interval=timedelta(seconds=30),
+        maximum_attempts=5,
+        non_retryable_error_types=["InvalidNameError", "ValueError"],
+    ),
+    heartbeat=timedelta(seconds=30),
+)
+# The checks, and a rung (a reboot waits for the node): long, heartbeating.
+LONG = CallPolicy(
+    timedelta(hours=2),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=5),
+        maximum_interval=timedelta(seconds=60),
+        maximum_attempts=3,
+        non_retryable_error_types=["InvalidNameError", "ValueError"],
+    ),
+    heartbeat=timedelta(seconds=15),
+)
+# While the node waits for its repair, the lifecycle wakes this often to start afresh
+# (continue-as-new) where Temporal suggests it: it may wait for weeks.
+REPAIR_WAKE = timedelta(days=1)
+
+
+class _Escalate(Exception):
+    """Go to repair, for this reason."""
+
+
+@workflow.defn
+class NodeLifecycleWorkflow:
+    def __init__(self) -> None:
+        self._id = ""
+        self._input: LifecycleInput | None = None
+        self._stage = NodeStage.SUSPECT
+        self._faults: list[LifecycleFault] = []
+        self._recorded = 0
+        self._ladder: list[Rung] = []
+        self._tried: list[Rung] = []
+        self._runs: list[CheckRun] = []
+        self._pending: Pending | None = None
+        self._decision: tuple[Decision, Approval] | None = None
+        self._decisions = 0
+        self._repaired: RepairReturn | None = None
+        self._ticket = ""
+        self._outcome = ""
+        self._visits = 0  # stages entered: each stage row's dedupe key
+
+    # ------------------------------------------------------------------ messages
+
+    @workflow.signal
+    def fault(self, fault: LifecycleFault) -> None:
+        """A drain of the node (signal-with-start by whoever drained it): the first starts the
+        lifecycle; a later one, while it runs, is recorded with it."""
+        if all(f.incident_id != fault.incident_id for f in self._faults):
+            self._faults.append(fault)
+
+    @workflow.signal
+    async def approve(self, approval: Approval) -> None:
+        """Approve the pending step (the Temporal UI's way; the CLI and console use `decide`)."""
+        self._signalled(Decision.APPROVE, approval)
+
+    @workflow.signal
+    async def reject(self, approval: Approval) -> None:
+        self._signalled(Decision.REJECT, approval)
+
+    @workflow.signal
+    def returned(self, repair: RepairReturn) -> None:
+        """The node is repaired (`relaunch nodes returned`, or the repair system's callback):
+        validate it and return it to service."""
+        if self._stage is NodeStage.ESCALATED and self._repaired is None:
+            self._repaired = repair
+
+    @workflow.update
+    def decide(self, inp: DecisionInput) -> LifecycleStatus:
+        self._decision = (inp.decision, inp.approval)
+        return self.status()
+
+    @decide.validator
+    def _decide_allowed(self, inp: DecisionInput) -> None:
+        if self._pending is None or self._decision is not None:
+            raise NotAwaitingApprovalError(
+                f"{inp.decision.value} refused: nothing awaits approval (stage {self._stage.value})"
+            )
+
+    @workflow.query
+    def status(self) -> LifecycleStatus:
+        inp = self._input
+        return LifecycleStatus(
+            lifecycle_id=self._id,
+            node=inp.node if inp else "",
+            stage=self._stage,
+            mode=inp.mode if inp else Mode.MONITOR,
+            faults=self._faults,
+            ladder=self._ladder,
+            tried=self._tried,
+            pending=self._pending,
+            runs=self._runs[-5:],
+            ticket=self._ticket,
+            outcome=self._outcome,
+        )
+
+    def _signalled(self, decision: Decision, approval: Approval) -> None:
+        if self._pending is not None and self._decision is None:
+            self._decision = (decision, approval)
+        else:
+            workflow.logger.warning(
+                "ignored %s by %s: nothing pending", decision.value, approval.by
+            )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _step(self) -> NodeStepInput:
+        inp = self._input
+        assert inp is not None
+        return NodeStepInput(
+            lifecycle_id=self._id, cluster=inp.cluster, node=inp.node, settings=inp.settings
+        )
+
+    async def _record(
+        self,
+        kind: str,
+        summary: str,
+        *,
+        stage: str | None = None,
+        actor: str = "relaunch",
+        dedupe: str | None = None,
+        data: dict[str, object] | None = None,
+    ) -> None:
+        inp = self._input
+        assert inp is not None
+        await call(
+            EvidenceActivities.record_event,
+            RecordEventInput(
+                incident_id=self._id,
+                cluster=inp.cluster,
+                job_id="",
+                attempt=inp.n,
+                kind=kind,
+                summary=summary[:2000],
+                stage=stage,
+                actor=actor,
+                nodes=[inp.node],
+                data=data or {},
+                dedupe=dedupe,
+            ),
+            RECORD,
+            f"audit: {kind}",
+            local=True,
+        )
+
+    async def _stage_to(self, stage: NodeStage, summary: str, **data: object) -> None:
+        """Enter ``stage``: the search attribute and one `node_stage` row. Returns and repairs
+        also close or hold the incident in the recovery's terms (a `stage` row: the console's
+        lists and the notifier read those)."""
+        self._stage = stage
+        workflow.upsert_search_attributes([SA_NODE_STAGE.value_set(stage.value)])
+        self._visits += 1
+        await self._record(
+            "node_stage",
+            summary,
+            stage=stage.value,
+            dedupe=f"node_stage:{self._visits}:{stage.value}",
+            data=data,
+        )
+        mirror = {
+            NodeStage.RETURNED: Stage.DONE,
+            NodeStage.ESCALATED: Stage.HELD,
+            NodeStage.CLOSED: Stage.NO_ACTION,
+        }.get(stage)
+        if mirror is not None:
+            await self._record(
+                "stage", summary, stage=mirror.value, dedupe=f"stage:{self._visits}:{mirror.value}"
+            )
+
+    async def _record_faults(self) -> None:
+        """An audit row for each fault not recorded yet."""
+        while self._recorded < len(self._faults):
+            f = self._faults[self._recorded]
+            self._recorded += 1
+            await self._record(
+                "lifecycle_fault",
+                f"fault from {f.incident_id}: {f.category.value}"
+                + (f" ({f.kind})" if f.kind else "")
+                + (f", remedy {f.remedy}" if f.remedy else "")
+                + (f": {f.summary}" if f.summary else ""),
+                dedupe=f"fault:{f.incident_id}",
+                data=f.model_dump(mode="json"),
+            )
+
+    async def _ask(self, step: str, summary: str) -> Approval:
+        """In monitor mode, wait for a person's decision on ``step``; the approval, or
+        _Escalate on a rejection or when nobody decided in time."""
+        inp = self._input
+        assert inp is not None
+        self._decisions += 1
+        request = f"{self._id}/{self._decisions}:{step}"
+        timeout = timedelta(seconds=inp.approval_timeout_s)
+        deadline: datetime = workflow.now() + timeout
+        self._pending = Pending(request_id=request, step=step, summary=summary, deadline=deadline)
+        self._decision = None
+        workflow.upsert_search_attributes([SA_AWAITING.value_set(True)])
+        await self._record(
+            "stage",
+            f"recommend {summary}",
+            stage=Stage.AWAITING_APPROVAL.value,
+            dedupe=f"awaiting:{request}",
+            data={"request_id": request, "step": step},
+        )
+        try:
+            await workflow.wait_condition(
+                lambda: self._decision is not None,
+                timeout=timeout,
+                timeout_summary=f"approval of {step}",
+            )
+        except TimeoutError:
+            self._pending = None
+            workflow.upsert_search_attributes([SA_AWAITING.value_set(False)])
+            raise _Escalate(f"no decision on {step} within {timeout.total_seconds():g}s") from None
+        assert self._decision is not None
+        decision, by = self._decision
+        self._pending = None
+        workflow.upsert_search_attributes([SA_AWAITING.value_set(False)])
+        await self._record(
+            "approval" if decision is Decision.APPROVE else "rejection",
+            f"{step} {PAST[decision]} by {by.by}" + (f": {by.reason}" if by.reason else ""),
+            actor=by.by,
+            dedupe=f"decision:{request}",
+            data={
+                "decision": decision.value,
+                "by": by.by,
+                "reason": by.reason,
+                "request_id": request,
+                "step": step,
+            },
+        )
+        if decision is Decision.REJECT:
+            raise _Escalate(f"{step} rejected by {by.by}")
+        return by
+
+    async def _checks(self, purpose: str) -> CheckRun:
+        """Fence the node off in its reservation, run the checks, record them."""
+        inp = self._input
+        assert inp is not None
+        state = await call(LifecycleActivities.reserve, self._step(), CHANGE, f"reserve {inp.node}")
+        fault = self._faults[0]
+        run = await call(
+            LifecycleActivities.run_checks,
+            ChecksInput(
+                **self._step().model_dump(),
+                purpose=purpose,
+                category=fault.category,
+                since=fault.at,
+            ),
+            LONG,
+            f"checks on {inp.node}: {purpose}",
+        )
+        self._runs.append(run)
+        await self._record(
+            "checks",
+            f"{purpose}: {run.summary()}",
+            dedupe=f"checks:{len(self._runs)}",
+            data={**run.model_dump(mode="json"), "passed": run.passed, "state": state},
+        )
+        return run
+
+    # ------------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: LifecycleInput) -> LifecycleStatus:
+        self._input = inp
+        self._id = workflow.info().workflow_id
+        if inp.carry is not None:  # continued as new while the node waited for its repair
+            c = inp.carry
+            self._faults, self._recorded, self._ladder = c.faults, len(c.faults), c.ladder
+            self._tried, self._runs, self._ticket = c.tried, c.runs, c.ticket
+            self._visits, self._decisions = c.visits, c.decisions
+            self._stage = NodeStage.ESCALATED
+            await self._repair(c.why, waiting=True)
+            return self.status()
+        workflow.upsert_search_attributes(
+            [
+                SA_CLUSTER.value_set(inp.cluster),
+                SA_NODES.value_set([inp.node]),
+                SA_MODE.value_set(inp.mode.value),
+            ]
+        )
+        await workflow.wait_condition(lambda: bool(self._faults))
+        await self._record_faults()
+        first = self._faults[0]
+        await self._stage_to(
+            NodeStage.SUSPECT, f"{inp.node}: lifecycle for {first.incident_id}'s drain"
+        )
+        start = await call(
+            LifecycleActivities.start,
+            StartInput(**self._step().model_dump(), fault=first),
+            LOOK,
+            f"look at {inp.node}",
+        )
+        self._ladder = start.ladder
+        if not start.drained:
+            self._outcome = f"{inp.node} is not out of service ({start.state}): nothing to do"
+            await self._stage_to(NodeStage.CLOSED, self._outcome)
+            return self.status()
+        await self._stage_to(
+            NodeStage.DRAINED,
+            f"{inp.node} out of service ({start.state}); checks in {inp.settings.settle_s:g}s",
+            ladder=[r.value for r in start.ladder],
+        )
+        if inp.settings.settle_s > 0:
+            await workflow.sleep(timedelta(seconds=inp.settings.settle_s), summary="settle")
+        try:
+            await self._diagnose_and_climb(start.escalate)
+        except _Escalate as why:
+            await self._repair(str(why))
+        await self._record_faults()
+        return self.status()
+
+    async def _diagnose_and_climb(self, escalate: str) -> None:
+        """Diagnose; return the node on passing checks, else climb the ladder. Raises
+        _Escalate when the node is for repair."""
+        inp = self._input
+        assert inp is not None
+        await self._stage_to(NodeStage.DIAGNOSING, f"checking {inp.node}")
+        try:
+            run = await self._checks("diagnose")
+        except ActivityError as err:
+            raise _Escalate(f"the checks could not run: {err.cause or err}") from None
+        if escalate:
+            await self._hold()
+            raise _Escalate(escalate)
+        if run.passed:
+            await self._return("the checks passed: " + run.summary())
+            return
+        await self._hold()
+        for rung in self._ladder:
+            if rung is Rung.ESCALATE:
+                break
+            if rung in self._tried:
+                continue
+            if not await self._apply(rung, run):
+                continue
+            await self._stage_to(NodeStage.VALIDATING, f"validating {inp.node} after {rung.value}")
+            try:
+                run = await self._checks(f"validate after {rung.value}")
+            except ActivityError as err:
+                raise _Escalate(f"the checks could not run: {err.cause or err}") from None
+            if run.passed:
+                await self._return(f"validated after {rung.value}: " + run.summary())
+                return
+            await self._hold()
+        raise _Escalate(
+            "the ladder is spent: "
+            + (", ".join(r.value for r in self._tried) or "no rung applied")
+            + f"; last checks {run.summary()}"
+        )
+
+    async def _apply(self, rung: Rung, run: CheckRun) -> bool:
+        """Apply one rung (approved first in monitor mode); whether it was applied."""
+        inp = self._input
+        assert inp is not None
+        why = f"{rung.value} {inp.node}: {run.summary()}"
+        if rung in CHANGES_NODE and inp.mode is Mode.MONITOR:
+            await self._stage_to(NodeStage.REMEDIATING, f"awaiting approval: {why}")
+            await self._ask(rung.value, why)
+        await self._stage_to(NodeStage.REMEDIATING, why)
+        self._tried.append(rung)
+        try:
+            result = await call(
+                LifecycleActivities.apply_rung,
+                RungInput(
+                    **self._step().model_dump(),
+                    rung=rung,
+                    reason=f"relaunch: {rung.value} {self._id}",
+                ),
+                LONG,
+                f"{rung.value} {inp.node}",
+            )
+        except ActivityError as err:
+            raise _Escalate(f"{rung.value} failed: {err.cause or err}") from None
+        await self._record(
+            "rung",
+            f"{rung.value}: {result.detail}",
+            dedupe=f"rung:{rung.value}",
+            data=result.model_dump(mode="json"),
+        )
+        return result.done
+
+    async def _hold(self) -> None:
+        """The checks failed: drain the node again while it waits (the reservation stays)."""
+        inp = self._input
+        assert inp is not None
+        try:
+            await call(LifecycleActivities.hold, self._step(), CHANGE, f"drain {inp.node} again")
+        except ActivityError as err:
+            raise _Escalate(f"could not drain {inp.node} again: {err.cause or err}") from None
+
+    async def _return(self, why: str) -> None:
+        """Return the node to service (approved first in monitor mode)."""
+        inp = self._input
+        assert inp is not None
+        if inp.mode is Mode.MONITOR:
+            await self._hold()  # out of service while a person decides
+            await self._ask("return", f"return {inp.node} to service: {why}")
+        try:
+            result = await call(
+                LifecycleActivities.return_node, self._step(), CHANGE, f"return {inp.node}"
+            )
+        except ActivityError as err:
+            raise _Escalate(f"returning {inp.node} failed: {err.cause or err}") from None
+        if not result.returned:
+            raise _Escalate(result.detail)
+        self._outcome = f"{result.detail}; {why}"
+        await self._stage_to(NodeStage.RETURNED, self._outcome)
+
+    async def _repair(self, why: str, *, waiting: bool = False) -> None:
+        """Hand the node to repair and wait until someone says it is repaired; then validate it
+        and return it, or hand it back. ``waiting``: handed over already (continued as new)."""
+        inp = self._input
+        assert inp is not None
+        while True:
+            if not waiting:
+                await self._hand_over(why)
+            waiting = False
+            await self._until_repaired(why)
+            repair = self._repaired
+            assert repair is not None
+            await self._record(
+                "repaired",
+                f"{inp.node} repaired, says {repair.by}"
+                + (f" (ticket {repair.ticket})" if repair.ticket else "")
+                + (f": {repair.note}" if repair.note else ""),
+                actor=repair.by,
+                dedupe=f"repaired:{self._visits}",
+                data=repair.model_dump(mode="json"),
+            )
+            await self._stage_to(NodeStage.VALIDATING, f"validating {inp.node} after its repair")
+            try:
+                run = await self._checks("validate after repair")
+                if run.passed:
+                    await self._return("validated after repair: " + run.summary())
+                    return
+                await self._hold()
+                why = f"failed its checks after the repair: {run.summary()}"
+            except _Escalate as again:
+                why = str(again)
+            except ActivityError as err:
+                why = f"the checks could not run: {err.cause or err}"
+
+    async def _hand_over(self, why: str) -> None:
+        """The repair ticket, and the node drained with it as the reason."""
+        inp = self._input
+        assert inp is not None
+        try:
+            ticket = await call(
+                LifecycleActivities.escalate,
+                EscalateInput(
+                    **self._step().model_dump(),
+                    faults=self._faults,
+                    runs=self._runs[-3:],
+                    tried=self._tried,
+                    why=why,
+                ),
+                CHANGE,
+                f"repair ticket for {inp.node}",
+            )
+            self._ticket = ticket.ticket
+            detail = ticket.detail
+        except ActivityError as err:
+            detail = f"the ticket could not be posted ({err.cause or err}); the node stays out"
+        self._outcome = f"{inp.node} to repair: {why}"
+        await self._stage_to(
+            NodeStage.ESCALATED, f"{self._outcome}; {detail}", ticket=self._ticket, why=why
+        )
+
+    async def _until_repaired(self, why: str) -> None:
+        """Wait for the `returned` signal, waking daily to continue as new where the history
+        has grown long (a node may wait weeks for a part)."""
+        inp = self._input
+        assert inp is not None
+        self._repaired = None
+        while self._repaired is None:
+            try:
+                await workflow.wait_condition(
+                    lambda: self._repaired is not None,
+                    timeout=REPAIR_WAKE,
+                    timeout_summary="repair",
+                )
+            except TimeoutError:
+                if workflow.info().is_continue_as_new_suggested():
+                    workflow.continue_as_new(
+                        inp.model_copy(
+                            update={
+                                "carry": LifecycleCarry(
+                                    faults=self._faults,
+                                    ladder=self._ladder,
+                                    tried=self._tried,
+                                    runs=self._runs[-3:],
+                                    ticket=self._ticket,
+                                    visits=self._visits,
+                                    decisions=self._decisions,
+                                    why=why,
+                                )
+                            }
+                        )
+                    )

@@ -1,0 +1,330 @@
+"""The node lifecycle end to end, on a Slurm cluster of its own ("life", beside the session's
+"test" cluster: no other test's jobs or node restores touch its nodes).
+
+A real worker and watcher in autonomous mode; a user's job on a node that dies (slurmd and the
+job's processes killed, an Xid 79 line in the node's kernel log) with the dev cluster's GPU
+fault marked. The recovery drains the node and hands it to its lifecycle, which checks it
+through srun inside a maintenance reservation, reboots it (the dev stack restarts its slurmd),
+validates it, and:
+
+- returns it once the fault is cleared (the marker removed), with no user job on it before;
+- hands it to repair, a ticket on a real HTTP receiver, while the fault stays; `relaunch nodes
+  returned` then has it validated and returned;
+- in monitor mode, asks before the reboot and before the return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from temporalio.client import Client
+
+from relaunch.connectors.audit import AuditStore, StoredEvent
+from relaunch.devstack import faults
+from relaunch.devstack.slurm import start_daemons
+from relaunch.devstack.stack import Stack
+from relaunch.models.lifecycle import (
+    LifecycleSettings,
+    LifecycleStatus,
+    NodeStage,
+    lifecycle_id,
+    reservation_name,
+)
+from relaunch.models.recovery import Mode, Policy
+from tests.conftest import sbatch
+from tests.integration.conftest import MakeHarness
+from tests.integration.harness import REPO
+from tests.integration.serve import serve
+
+pytestmark = pytest.mark.xdist_group("lifecycle")
+CLUSTER = "life"
+
+
+class Receiver:
+    """A repair system's webhook: records each ticket it is posted, answers a ticket id."""
+
+    def __init__(self) -> None:
+        self.tickets: list[dict[str, Any]] = []
+        self.keys: list[str] = []
+        self.app = Starlette(
+            routes=[
+                Route("/tickets", self.post, methods=["POST"]),
+                Route("/healthz", lambda _: JSONResponse({})),
+            ]
+        )
+
+    async def post(self, request: Request) -> JSONResponse:
+        self.tickets.append(await request.json())
+        self.keys.append(request.headers.get("idempotency-key", ""))
+        return JSONResponse({"ticket": f"REP-{len(self.tickets)}"}, status_code=201)
+
+
+def relaunch(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relaunch.cli", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+async def test_drained_nodes_are_checked_remediated_returned_or_sent_to_repair(
+    stack: Stack, make_harness: MakeHarness, temporal_client: Client, tmp_path: Path
+) -> None:
+    home = stack.home(CLUSTER)
+    layout = home.slurm
+    sched = stack.scheduler(CLUSTER)
+    env = {**os.environ, **layout.env}
+    (home.root / "checks").mkdir(parents=True, exist_ok=True)
+    receiver = Receiver()
+    with serve(receiver.app) as base:
+        # Four drains in the test: the blast-radius guard lets them through.
+        h = make_harness(
+            Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=60, drain_share=1.0, drain_cap=10)
+        )
+        h.sched = sched
+        lifecycle = LifecycleSettings.model_validate(
+            {
+                **stack.lifecycle_settings(home).model_dump(),
+                "settle_s": 1.0,
+                "repair_webhook": f"{base}/tickets",
+            }
+        )
+        h.configure(slurm_conf=str(layout.conf), lifecycle=lifecycle)
+        name = h.config.name
+        audit = await AuditStore.open(stack.database_url)
+        try:
+            h.start("worker")
+            h.start("watch")
+            await _scenarios(h, home, layout, sched, env, receiver, audit, temporal_client)
+        finally:
+            await audit.close()
+            for proc in list(h.procs):
+                h.kill(proc)
+            await _restore(home, sched, name, temporal_client)
+
+
+async def _scenarios(
+    h: Any,
+    home: Any,
+    layout: Any,
+    sched: Any,
+    env: dict[str, str],
+    receiver: Receiver,
+    audit: AuditStore,
+    client: Client,
+) -> None:
+    name = h.config.name
+    node_dir = {n: home.root / "nodes" / n for n in layout.nodes}
+
+    def fail_node(node: str) -> str:
+        """A user's job on ``node``, then the node's GPU fault and its death."""
+        job = sbatch(
+            env,
+            "-w", node, "-N1", "-J", "victim",
+            f"--comment=relaunch=on,relaunch_cluster={name}",
+            "-o", str(h.tmp / f"victim-{node}-%j.out"),
+            script="#!/bin/sh\nsleep 600\n",
+        )  # fmt: skip
+        h.jobs.append(job)
+        deadline = time.monotonic() + 60
+        while True:
+            job_state = subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True
+            ).stdout.strip()
+            if job_state == "RUNNING":
+                break
+            assert time.monotonic() < deadline, f"job {job} not running: {job_state}"
+            time.sleep(0.3)
+        time.sleep(2)  # the watcher has seen it running
+        faults.mark_gpu_fault(node_dir[node])
+        faults.kill_node(layout, node, job_id=job, kernel_log=h.node_log(node))
+        return job
+
+    async def status(lid: str) -> LifecycleStatus | None:
+        try:
+            return await client.get_workflow_handle(lid).query(
+                "status", result_type=LifecycleStatus
+            )
+        except Exception:
+            return None
+
+    async def until_stage(
+        lid: str, stages: set[NodeStage], timeout: float = 150
+    ) -> LifecycleStatus:
+        last = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            last = await status(lid)
+            if last is not None and last.stage in stages:
+                return last
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"{lid} not in {stages} after {timeout}s: {last}")
+
+    async def until_pending(lid: str, step: str, timeout: float = 150) -> LifecycleStatus:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = await status(lid)
+            if last is not None and last.pending is not None and last.pending.step == step:
+                return last
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"{lid}: no pending {step} after {timeout}s: {last}")
+
+    async def rows(lid: str, kind: str) -> list[StoredEvent]:
+        return [e for e in await audit.events(lid) if e.kind == kind]
+
+    # ---- 1. n1: the fault clears; worker killed mid-reboot; no user job before the return.
+    # ---- 2. n2, at the same time: the fault stays; a ticket; repaired; validated; returned.
+    fail_node("n1")
+    # The "transient" fault: gone by the time the node is back (a dead node's diagnosis
+    # fails on its silence alone; the validation after the reboot looks for the marker).
+    faults.clear_gpu_fault(node_dir["n1"])
+    fail_node("n2")
+    one, two = lifecycle_id(name, "n1", 1), lifecycle_id(name, "n2", 1)
+    await h.until(lambda: _has(rows(one, "node_stage")), "n1's lifecycle", timeout=60)
+    # A user's job asks for n1 while it is out: it must not start there before the return.
+    waiting = sbatch(
+        env, "-w", "n1", "-N1", "-J", "eager", "-o", "/dev/null",
+        script="#!/bin/sh\nsleep 1\n",
+    )  # fmt: skip
+    h.jobs.append(waiting)
+    # The worker dies as the reboot starts; the one that replaces it does not reboot again.
+    await h.until(lambda: _has(rows(one, "rung_started")), "n1's reboot started", timeout=150)
+    h.kill("worker")
+    h.start("worker")
+    done = await until_stage(one, {NodeStage.RETURNED, NodeStage.ESCALATED})
+    assert done.stage is NodeStage.RETURNED, done.outcome
+    assert done.tried == ["reboot"], done.tried
+    assert len(await rows(one, "rung_started")) == 1
+    assert len(await rows(one, "rung")) == 1
+    checks = await rows(one, "checks")
+    assert [c.data["passed"] for c in checks] == [False, True], [c.summary for c in checks]
+    diagnosis, validation = checks[0].data, checks[1].data
+    assert "does not answer" in diagnosis["results"][0]["detail"]
+    ran = {r["id"]: r for r in validation["results"]}
+    # Real checks through srun: the node's own output, and the skipped GPU ones say why.
+    assert ran["node-basics"]["passed"] and "MemAvailable" in ran["node-basics"]["output"]
+    assert ran["storage-rw"]["passed"] and "storage ok" in ran["storage-rw"]["output"]
+    assert ran["dev-gpu"]["passed"]
+    assert (
+        ran["gpu-smi"]["skipped"]
+        and "nvidia-smi is not installed on n1" in (ran["gpu-smi"]["detail"])
+    )
+    n1 = await sched.get_node("n1")
+    assert not n1.drain_flag and n1.responding, n1.display_state
+    assert await sched.maintenance().reservation_nodes(reservation_name("n1")) is None
+    returned_at = (await rows(one, "node_stage"))[-1].at
+    start = subprocess.run(
+        ["scontrol", "show", "job", waiting], env=env, capture_output=True, text=True
+    ).stdout
+    # Either still pending (scheduled a moment later) or started after the return.
+    if "JobState=PENDING" not in start:
+        started = _start_time(start)
+        assert started >= returned_at.replace(microsecond=0, tzinfo=None), (started, returned_at)
+
+    # n2: the fault stays: reboot, the checks fail again, a ticket.
+    sent = await until_stage(two, {NodeStage.ESCALATED, NodeStage.RETURNED})
+    assert sent.stage is NodeStage.ESCALATED, sent.outcome
+    assert sent.ticket == "REP-1" and len(receiver.tickets) == 1
+    ticket = receiver.tickets[0]
+    assert ticket["node"] == "n2" and ticket["cluster"] == name
+    assert ticket["tried"] == ["reboot"]
+    assert [c["id"] for c in ticket["failed_checks"]] == ["dev-gpu"]
+    assert "fallen off the bus" in ticket["failed_checks"][0]["output"]
+    assert ticket["faults"][0]["category"] == "gpu_hardware"
+    assert ticket["faults"][0]["remedy"] == "reboot"  # Xid 79, by the catalogue
+    assert any(e["kind"] == "action" for e in ticket["history"]), "the incident's history"
+    assert receiver.keys == [two]
+    n2 = await sched.get_node("n2")
+    assert n2.drain_flag and n2.reason == "relaunch: repair REP-1", n2.reason
+    assert await sched.maintenance().reservation_nodes(reservation_name("n2")) is None
+    # Not repaired yet: `returned` validates, the checks fail, and it goes back to repair.
+    told = relaunch(h.config_path, "nodes", "returned", "n2", "--by", "tech")
+    assert told.returncode == 0, told.stderr
+    await h.until(lambda: _count(rows(two, "checks"), 3), "n2 validated after repair", 90)
+    again = await until_stage(two, {NodeStage.ESCALATED})
+    assert not (await rows(two, "checks"))[-1].data["passed"]
+    assert again.stage is NodeStage.ESCALATED
+    # Repaired for real this time.
+    faults.clear_gpu_fault(node_dir["n2"])
+    told = relaunch(h.config_path, "nodes", "returned", "n2", "--by", "tech", "--ticket", "REP-1")
+    assert told.returncode == 0, told.stderr
+    back = await until_stage(two, {NodeStage.RETURNED})
+    assert "validated after repair" in back.outcome
+    n2 = await sched.get_node("n2")
+    assert not n2.drain_flag and n2.responding, n2.display_state
+    listed = relaunch(h.config_path, "nodes", "--json")
+    assert '"lifecycle_stage": "returned"' in listed.stdout, listed.stdout + listed.stderr
+
+    # ---- 3. n1 again, returned minutes ago: a lemon, straight to repair.
+    fail_node("n1")
+    lemon = await until_stage(lifecycle_id(name, "n1", 2), {NodeStage.ESCALATED}, 120)
+    assert "returned to service by" in lemon.outcome and lemon.tried == []
+
+    # ---- 4. monitor mode: n3 waits for a person before the reboot and before the return.
+    h.configure(lifecycle=h.config.lifecycle.model_copy(update={"mode": Mode.MONITOR}))
+    h.kill("worker")
+    h.start("worker")
+    fail_node("n3")
+    three = lifecycle_id(name, "n3", 1)
+    asked = await until_pending(three, "reboot")
+    assert asked.stage is NodeStage.REMEDIATING
+    assert (await sched.get_node("n3")).drain_flag
+    faults.clear_gpu_fault(node_dir["n3"])
+    approved = relaunch(h.config_path, "approve", three, "--by", "ana")
+    assert approved.returncode == 0, approved.stderr
+    await until_pending(three, "return")
+    assert (await sched.get_node("n3")).drain_flag, "out of service until the return is approved"
+    approved = relaunch(h.config_path, "approve", three, "--by", "ana", "--reason", "checks ok")
+    assert approved.returncode == 0, approved.stderr
+    returned = await until_stage(three, {NodeStage.RETURNED})
+    assert returned.tried == ["reboot"]
+    decisions = await rows(three, "approval")
+    assert [d.data["step"] for d in decisions] == ["reboot", "return"]
+    assert all(d.actor == "ana" for d in decisions)
+
+
+async def _has(rows: Any) -> bool:
+    return bool(await rows)
+
+
+async def _count(rows: Any, n: int) -> bool:
+    return len(await rows) >= n
+
+
+def _start_time(scontrol: str) -> Any:
+    from datetime import datetime
+
+    text = next(p.split("=", 1)[1] for p in scontrol.split() if p.startswith("StartTime="))
+    return datetime.fromisoformat(text)
+
+
+async def _restore(home: Any, sched: Any, name: str, client: Client) -> None:
+    """Leave the cluster as found: lifecycles ended, reservations gone, nodes back."""
+    async for wf in client.list_workflows(
+        f'WorkflowType="NodeLifecycleWorkflow" AND RelaunchCluster="{name}" AND '
+        'ExecutionStatus="Running"'
+    ):
+        with contextlib.suppress(Exception):
+            await client.get_workflow_handle(wf.id).terminate("test over")
+    start_daemons(home.slurm)
+    maint = sched.maintenance()
+    for node in home.slurm.nodes:
+        faults.clear_gpu_fault(home.root / "nodes" / node)
+        await maint.unreserve_node(reservation_name(node))
+        with contextlib.suppress(Exception):
+            await sched.resume_node(node)
