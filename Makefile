@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-burst bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
+.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-burst bench-lifecycle bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -43,6 +43,11 @@ bench-quick: bench
 # the worker-kill burst; writes bench/results/burst.md and burst-raw.json.
 bench-burst: deps
 	$(PY) bench/run.py --burst-suite $(BENCH_ARGS)
+
+# The node lifecycle alone: fault → back in service, and a healthy node's time out of service
+# with and without the lifecycle (bench/results/lifecycle.md; `make bench` adds it to REPORT.md).
+bench-lifecycle: deps
+	$(PY) bench/run.py --lifecycle-only $(BENCH_ARGS)
 
 # The silent classes alone (a node crash without a line, a silent hang, a network partition),
 # against Slurm alone too (whose side waits out SlurmdTimeout: ~25 min in all).

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
-from bench.faults import baseline, report, scale, scenarios  # noqa: E402
+from bench.faults import baseline, lifecycle, report, scale, scenarios  # noqa: E402
 from bench.faults.common import BenchStack, log  # noqa: E402
 from relaunch.connectors.audit import AuditStore  # noqa: E402
 from relaunch.models.config import WatchSettings  # noqa: E402
@@ -152,6 +152,7 @@ async def bench(args: argparse.Namespace) -> None:
     brows: list[dict[str, Any]] = []
     burst: dict[str, Any] | None = None
     cost: dict[str, Any] | None = None
+    life: dict[str, Any] | None = None
     notes: list[str] = []
     observe = 45 if args.quick else 90
     lanes = [
@@ -173,6 +174,12 @@ async def bench(args: argparse.Namespace) -> None:
         if plan:
             rows = await relaunch_runs(rl, plan, work)
         rl.down()
+        if with_scale:  # the whole benchmark: the node lifecycle too, on a stack of its own
+            try:
+                life = await lifecycle.measure(root, rounds=2 if args.quick else 3)
+            except RelaunchError as exc:
+                notes.append(f"Lifecycle part failed: {exc}")
+                log(f"lifecycle: {exc}")
         if with_scale:
             await sc.up()
             audit = await AuditStore.open(sc.s.database_url)
@@ -200,7 +207,13 @@ async def bench(args: argparse.Namespace) -> None:
         (args.results / "faults-raw.json").parent.mkdir(parents=True, exist_ok=True)
         (args.results / "faults-raw.json").write_text(
             json.dumps(
-                {"runs": rows, "baseline": brows, "burst": burst, "cost": cost},
+                {
+                    "runs": rows,
+                    "baseline": brows,
+                    "burst": burst,
+                    "cost": cost,
+                    "lifecycle": life,
+                },
                 indent=1,
                 default=str,
             )  # fmt: skip
@@ -228,7 +241,7 @@ async def bench(args: argparse.Namespace) -> None:
     raw = args.results / "faults-raw.json"
     saved = json.loads(raw.read_text())
     raw.write_text(json.dumps({**saved, "meta": meta}, indent=1, default=str))
-    text = report.write(args.results, rows, brows, burst, cost, meta)
+    text = report.write(args.results, rows, brows, burst, cost, meta, life)
     print(text)
 
 
@@ -268,6 +281,40 @@ async def one_burst(
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+async def lifecycle_only(args: argparse.Namespace) -> None:
+    """`make bench-lifecycle`: only the node lifecycle's part, on a stack of its own; writes
+    bench/results/lifecycle.md and lifecycle-raw.json (REPORT.md takes it from full runs)."""
+    root = Path(tempfile.mkdtemp(prefix="relaunch-bench-life-"))
+    root.chmod(0o755)
+    started = time.monotonic()
+    try:
+        out = await lifecycle.measure(root, rounds=args.lifecycle_rounds)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "command": " ".join(["python bench/run.py", *sys.argv[1:]]),
+        "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M}",
+        "code": code_version(),
+        "wall_min": (time.monotonic() - started) / 60,
+    }
+    (args.results / "lifecycle-raw.json").write_text(
+        json.dumps({"meta": meta, **out}, indent=1, default=str)
+    )
+    lines = [
+        "# Node lifecycle benchmark (`make bench-lifecycle`)",
+        "",
+        f"- {meta['date']} UTC, {meta['code']}, {meta['wall_min']:.1f} min "
+        f"(`{meta['command']}`); the full `make bench` adds this section to REPORT.md.",
+        "",
+        *lifecycle.markdown(out)[2:],
+    ]
+    text = "\n".join(lines) + "\n"
+    (args.results / "lifecycle.md").write_text(text)
+    print(text)
 
 
 async def scale_only(args: argparse.Namespace) -> None:
@@ -319,7 +366,13 @@ def report_only(args: argparse.Namespace) -> None:
     meta = saved.get("meta") or {}
     print(
         report.write(
-            args.results, saved["runs"], saved["baseline"], saved["burst"], saved["cost"], meta
+            args.results,
+            saved["runs"],
+            saved["baseline"],
+            saved["burst"],
+            saved["cost"],
+            meta,
+            saved.get("lifecycle"),
         )
     )
 
@@ -359,6 +412,18 @@ def main() -> None:
         help="only the burst and the watcher's cost (scale-only.json; REPORT.md untouched)",
     )
     p.add_argument(
+        "--lifecycle-only",
+        action="store_true",
+        help="only the node lifecycle's part (lifecycle.md, lifecycle-raw.json; REPORT.md "
+        "untouched)",
+    )
+    p.add_argument(
+        "--lifecycle-rounds",
+        type=int,
+        default=3,
+        help="with --lifecycle-only: transient faults to measure (default 3)",
+    )
+    p.add_argument(
         "--burst-suite",
         action="store_true",
         help="plain bursts with 1, 2 and 4 worker processes, the trust and the worker-kill "
@@ -395,8 +460,12 @@ def main() -> None:
     if args.report_only:
         report_only(args)
         return
+    if not 1 <= args.lifecycle_rounds <= 20:
+        p.error("--lifecycle-rounds must be 1 to 20")
     try:
-        if args.burst_suite:
+        if args.lifecycle_only:
+            asyncio.run(lifecycle_only(args))
+        elif args.burst_suite:
             asyncio.run(burst_suite(args))
         else:
             asyncio.run(scale_only(args) if args.scale_only else bench(args))

@@ -22,6 +22,7 @@ from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.devstack.workload import EXAMPLES, TRAIN_SCRIPT
 from relaunch.models.config import ClusterConfig, WatchSettings
 from relaunch.models.errors import RelaunchError
+from relaunch.models.lifecycle import LifecycleSettings
 from relaunch.models.recovery import Policy
 from relaunch.models.scheduler import JobState, NodeState
 
@@ -209,6 +210,9 @@ class BenchStack:
     # Worker processes: with more than one, `relaunch worker --processes N` (a supervisor
     # parent and N children); with one, the plain `relaunch worker` as ever.
     workers: int = 1
+    # The node lifecycle (relaunch/workflows/lifecycle.py): off unless a part measures it, so
+    # that the other parts measure what they always did (a drained node stays drained).
+    lifecycle: LifecycleSettings | None = None
 
     async def up(self) -> None:
         cfg = StackConfig.with_free_ports(cluster=self.name, services=False, **self.overrides)
@@ -217,15 +221,22 @@ class BenchStack:
         self.config = self.stack.cluster_config()
         if self.policy is not None:
             self.config = self.config.model_copy(
-                update={"policy": self.policy, "watch": self.watch or WatchSettings()}
+                update={
+                    "policy": self.policy,
+                    "watch": self.watch or WatchSettings(),
+                    "lifecycle": self.lifecycle or LifecycleSettings(enabled=False),
+                }
             )
-            path = self.root / f"{self.name}.json"
-            path.write_text(self.config.model_dump_json(indent=2))
+            self.write_config()
             for node in self.stack.slurm.nodes:
                 self.stack.node_log(node).parent.mkdir(parents=True, exist_ok=True)
                 self.stack.node_log(node).touch()
             for proc in ("worker", "watch"):
                 self.start_proc(proc)
+
+    def write_config(self) -> None:
+        """Write the stack's Relaunch configuration (what its worker and watcher read)."""
+        (self.root / f"{self.name}.json").write_text(self.cfg.model_dump_json(indent=2))
 
     def start_proc(self, proc: str) -> subprocess.Popen[bytes]:
         """Start (or start again, after a kill) the stack's `relaunch worker` or `relaunch

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.faults.common import pct
+from bench.faults.lifecycle import markdown as lifecycle_section
 from bench.faults.scenarios import ALSO_RIGHT, CLASSES, EXPECTED, EXPLICIT, MIX, SILENT
 
 Row = dict[str, Any]
@@ -366,6 +367,7 @@ def write(
     scale: Row | None,
     cost: Row | None,
     meta: dict[str, Any],
+    lifecycle: Row | None = None,
 ) -> str:
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -744,6 +746,7 @@ def write(
     )
     L += ["", "## Misses, and why", ""] + findings(rows, base, scale) + meta.get("notes", [])
     L += [""]
+    L += lifecycle_section(lifecycle)
     if images:
         L += ["## Plots", ""] + [f"![{i}]({i})" for i in images] + [""]
     text = "\n".join(L) + "\n"

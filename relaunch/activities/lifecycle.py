@@ -32,6 +32,7 @@ from relaunch.models.lifecycle import (
     ChecksInput,
     EscalateInput,
     EscalateResult,
+    HoldInput,
     NodeStepInput,
     ReturnResult,
     Rung,
@@ -63,8 +64,8 @@ def repair_reason(ticket: str) -> str:
     return f"{LIFECYCLE_REASON_PREFIX}repair {ticket}"
 
 
-def checks_failed_reason(lifecycle_id: str) -> str:
-    return f"{LIFECYCLE_REASON_PREFIX}checks failed ({lifecycle_id})"
+def hold_reason(why: str, lifecycle_id: str) -> str:
+    return f"{LIFECYCLE_REASON_PREFIX}{why} ({lifecycle_id})"
 
 
 class LifecycleActivities:
@@ -147,11 +148,11 @@ class LifecycleActivities:
 
     @activity.defn(name="lifecycle_hold")
     @typed_errors
-    async def hold(self, inp: NodeStepInput) -> str:
-        """Drain the node again (its checks failed) while it waits for a person or the next
-        rung; the reservation stays. The node's state after."""
+    async def hold(self, inp: HoldInput) -> str:
+        """Drain the node again while it waits for a person or the next rung (its checks
+        failed, or a person must approve its return); the reservation stays."""
         result = await self._maintenance().set_drain_reason(
-            inp.node, checks_failed_reason(inp.lifecycle_id)
+            inp.node, hold_reason(inp.why, inp.lifecycle_id)
         )
         return result.note
 

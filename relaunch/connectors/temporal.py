@@ -4,6 +4,7 @@ watcher, the command line and the console."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -88,37 +89,41 @@ async def connect(config: ClusterConfig) -> Client:
 DECISION_TASK_TIMEOUT = timedelta(seconds=4)
 
 
-class NodeDecisionSignals:
-    """Signal-with-start into a node's current decision (relaunch/workflows/node_decision.py):
-    the running one, or the node's next when the latest has closed. A closed decision is never
-    started again (REJECT_DUPLICATE): the node's next failure is the next decision. Each node's
-    latest number is remembered in this process, so a signal does not try every closed
-    decision of the node from the first."""
+class _PerNodeSignals:
+    """Signal-with-start into a node's current workflow of one kind: the running one, or the
+    node's next when the latest has closed. A closed one is never started again
+    (REJECT_DUPLICATE): the node's next failure is the next one. Each node's latest number is
+    remembered in this process, so a signal does not try every closed one from the first."""
+
+    workflow = ""
+    what = ""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self._latest: dict[tuple[str, str], int] = {}
 
-    async def send(
-        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
-    ) -> str:
-        """Send ``signal`` with ``arg`` to ``node``'s current decision; its id."""
-        return (await self.send_and_say(cluster, node, policy, signal, arg))[0]
+    def _id(self, cluster: str, node: str, n: int) -> str:
+        raise NotImplementedError
 
-    async def send_and_say(
-        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
+    async def _send(
+        self,
+        cluster: str,
+        node: str,
+        start: Callable[[int], BaseModel],
+        signal: str,
+        arg: BaseModel,
     ) -> tuple[str, bool]:
-        """``send``, and whether this signal started the decision (False: it reached one that
-        was running already, maybe since an earlier failure of the node)."""
+        """Send ``signal`` with ``arg`` to ``node``'s current workflow (started with the input
+        ``start(n)`` where none runs): its id, and whether this signal started it."""
         key = (cluster, node)
         n = self._latest.get(key, 1)
         for _ in range(MAX_DECISIONS_PER_NODE):
-            decision = node_decision_id(cluster, node, n)
+            workflow_id = self._id(cluster, node, n)
             try:
                 handle = await self.client.start_workflow(
-                    NODE_DECISION_WORKFLOW,
-                    NodeDecisionInput(cluster=cluster, node=node, n=n, policy=policy),
-                    id=decision,
+                    self.workflow,
+                    start(n),
+                    id=workflow_id,
                     task_queue=node_task_queue(cluster),
                     start_signal=signal,
                     start_signal_args=[arg],
@@ -132,48 +137,62 @@ class NodeDecisionSignals:
             # Signal-with-start's answer says whether it started the run; the SDK keeps it on
             # the handle, not in its API (an SDK without it: taken as started).
             answer = getattr(handle, "_start_workflow_response", None)
-            return decision, bool(getattr(answer, "started", True))
-        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} decisions")
+            return workflow_id, bool(getattr(answer, "started", True))
+        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} {self.what}")
 
 
-class LifecycleSignals:
-    """Signal-with-start of a node's current lifecycle (relaunch/workflows/lifecycle.py): the
-    running one, or the node's next when the latest has closed (one at a time per node; the
-    same numbering as the node decisions, see ``NodeDecisionSignals``)."""
+class NodeDecisionSignals(_PerNodeSignals):
+    """Signal-with-start into a node's current decision (relaunch/workflows/node_decision.py)."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self._latest: dict[tuple[str, str], int] = {}
+    workflow = NODE_DECISION_WORKFLOW
+    what = "decisions"
+
+    def _id(self, cluster: str, node: str, n: int) -> str:
+        return node_decision_id(cluster, node, n)
+
+    async def send(
+        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
+    ) -> str:
+        """Send ``signal`` with ``arg`` to ``node``'s current decision; its id."""
+        return (await self.send_and_say(cluster, node, policy, signal, arg))[0]
+
+    async def send_and_say(
+        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
+    ) -> tuple[str, bool]:
+        """``send``, and whether this signal started the decision (False: it reached one that
+        was running already, maybe since an earlier failure of the node)."""
+        return await self._send(
+            cluster,
+            node,
+            lambda n: NodeDecisionInput(cluster=cluster, node=node, n=n, policy=policy),
+            signal,
+            arg,
+        )
+
+
+class LifecycleSignals(_PerNodeSignals):
+    """Signal-with-start of a node's current lifecycle (relaunch/workflows/lifecycle.py): one
+    at a time per node; a drain while one runs reaches it as another fault."""
+
+    workflow = LIFECYCLE_WORKFLOW
+    what = "lifecycles"
+
+    def _id(self, cluster: str, node: str, n: int) -> str:
+        return lifecycle_id(cluster, node, n)
 
     async def fault(self, config: ClusterConfig, node: str, fault: LifecycleFault) -> str:
         """Tell ``node``'s lifecycle about ``fault`` (starting it where none runs); its id."""
         cluster = config.name
-        key = (cluster, node)
-        n = self._latest.get(key, 1)
         mode = config.lifecycle.mode or config.policy.mode
-        for _ in range(MAX_DECISIONS_PER_NODE):
-            lifecycle = lifecycle_id(cluster, node, n)
-            try:
-                await self.client.start_workflow(
-                    LIFECYCLE_WORKFLOW,
-                    LifecycleInput(
-                        cluster=cluster,
-                        node=node,
-                        n=n,
-                        mode=mode,
-                        approval_timeout_s=config.policy.approval_timeout_s,
-                        settings=config.lifecycle,
-                    ),
-                    id=lifecycle,
-                    task_queue=node_task_queue(cluster),
-                    start_signal="fault",
-                    start_signal_args=[fault],
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    task_timeout=DECISION_TASK_TIMEOUT,
-                )
-            except WorkflowAlreadyStartedError:
-                n += 1
-                continue
-            self._latest[key] = n
-            return lifecycle
-        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} lifecycles")
+
+        def start(n: int) -> LifecycleInput:
+            return LifecycleInput(
+                cluster=cluster,
+                node=node,
+                n=n,
+                mode=mode,
+                approval_timeout_s=config.policy.approval_timeout_s,
+                settings=config.lifecycle,
+            )
+
+        return (await self._send(cluster, node, start, "fault", fault))[0]

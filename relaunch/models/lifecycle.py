@@ -330,6 +330,12 @@ class NodeStepInput(BaseModel):
     settings: LifecycleSettings
 
 
+class HoldInput(NodeStepInput):
+    why: str = Field(
+        default="checks failed", description="the drain reason's words (after `relaunch: `)"
+    )
+
+
 class StartInput(NodeStepInput):
     fault: LifecycleFault
 

@@ -26,7 +26,6 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from relaunch.activities.evidence import EvidenceActivities
     from relaunch.activities.lifecycle import LifecycleActivities
     from relaunch.models import search_attributes as sa
     from relaunch.models.lifecycle import (
@@ -34,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         CheckRun,
         ChecksInput,
         EscalateInput,
+        HoldInput,
         LifecycleCarry,
         LifecycleFault,
         LifecycleInput,
@@ -51,12 +51,10 @@ with workflow.unsafe.imports_passed_through():
         Decision,
         DecisionInput,
         Mode,
-        RecordEventInput,
         Stage,
     )
     from relaunch.workflows.recovery import (
         PAST,
-        RECORD,
         SA_AWAITING,
         SA_CLUSTER,
         SA_MODE,
@@ -64,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         CallPolicy,
         NotAwaitingApprovalError,
         call,
+        record_node_row,
     )
 
 SA_NODE_STAGE = SearchAttributeKey.for_keyword(sa.NODE_STAGE.name)
@@ -206,24 +205,17 @@ class NodeLifecycleWorkflow:
     ) -> None:
         inp = self._input
         assert inp is not None
-        await call(
-            EvidenceActivities.record_event,
-            RecordEventInput(
-                incident_id=self._id,
-                cluster=inp.cluster,
-                job_id="",
-                attempt=inp.n,
-                kind=kind,
-                summary=summary[:2000],
-                stage=stage,
-                actor=actor,
-                nodes=[inp.node],
-                data=data or {},
-                dedupe=dedupe,
-            ),
-            RECORD,
-            f"audit: {kind}",
-            local=True,
+        await record_node_row(
+            self._id,
+            inp.cluster,
+            inp.n,
+            inp.node,
+            kind,
+            summary[:2000],
+            stage=stage,
+            actor=actor,
+            dedupe=dedupe,
+            data=data,
         )
 
     async def _stage_to(self, stage: NodeStage, summary: str, **data: object) -> None:
@@ -463,12 +455,18 @@ class NodeLifecycleWorkflow:
         )
         return result.done
 
-    async def _hold(self) -> None:
-        """The checks failed: drain the node again while it waits (the reservation stays)."""
+    async def _hold(self, why: str = "checks failed") -> None:
+        """Drain the node again while it waits (the reservation stays): its checks failed, or
+        a person must approve its return."""
         inp = self._input
         assert inp is not None
         try:
-            await call(LifecycleActivities.hold, self._step(), CHANGE, f"drain {inp.node} again")
+            await call(
+                LifecycleActivities.hold,
+                HoldInput(**self._step().model_dump(), why=why),
+                CHANGE,
+                f"drain {inp.node} again",
+            )
         except ActivityError as err:
             raise _Escalate(f"could not drain {inp.node} again: {err.cause or err}") from None
 
@@ -477,7 +475,7 @@ class NodeLifecycleWorkflow:
         inp = self._input
         assert inp is not None
         if inp.mode is Mode.MONITOR:
-            await self._hold()  # out of service while a person decides
+            await self._hold("checks passed, return awaits approval")  # out meanwhile
             await self._ask("return", f"return {inp.node} to service: {why}")
         try:
             result = await call(

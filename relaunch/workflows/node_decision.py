@@ -29,7 +29,6 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from relaunch.activities.actions import ActionActivities
-    from relaunch.activities.evidence import EvidenceActivities
     from relaunch.activities.node import NodeActivities
     from relaunch.models.node_decision import (
         Ahead,
@@ -51,20 +50,19 @@ with workflow.unsafe.imports_passed_through():
         Decision,
         DecisionInput,
         Mode,
-        RecordEventInput,
         Stage,
     )
     from relaunch.workflows.recovery import (
         ACT,
         INVESTIGATE,
         PAST,
-        RECORD,
         SA_CLUSTER,
         SA_MODE,
         SA_NODES,
         CallPolicy,
         NotAwaitingApprovalError,
         call,
+        record_node_row,
         stage_attributes,
     )
 
@@ -234,24 +232,17 @@ class NodeDecisionWorkflow:
     ) -> None:
         inp = self._input
         assert inp is not None
-        await call(
-            EvidenceActivities.record_event,
-            RecordEventInput(
-                incident_id=self._id,
-                cluster=inp.cluster,
-                job_id="",
-                attempt=inp.n,
-                kind=kind,
-                summary=summary,
-                stage=stage,
-                actor=actor,
-                nodes=[inp.node],
-                data=data or {},
-                dedupe=dedupe,
-            ),
-            RECORD,
-            f"audit: {kind}",
-            local=True,
+        await record_node_row(
+            self._id,
+            inp.cluster,
+            inp.n,
+            inp.node,
+            kind,
+            summary,
+            stage=stage,
+            actor=actor,
+            dedupe=dedupe,
+            data=data,
         )
 
     async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:

@@ -239,6 +239,42 @@ async def call(
     )
 
 
+async def record_node_row(
+    incident_id: str,
+    cluster: str,
+    n: int,
+    node: str,
+    kind: str,
+    summary: str,
+    *,
+    stage: str | None = None,
+    actor: str = "relaunch",
+    dedupe: str | None = None,
+    data: dict[str, object] | None = None,
+) -> None:
+    """One audit row of a node's workflow (a decision, a lifecycle): its incident has no job,
+    its attempt is the workflow's number, and it names the node."""
+    await call(
+        EvidenceActivities.record_event,
+        RecordEventInput(
+            incident_id=incident_id,
+            cluster=cluster,
+            job_id="",
+            attempt=n,
+            kind=kind,
+            summary=summary,
+            stage=stage,
+            actor=actor,
+            nodes=[node],
+            data=data or {},
+            dedupe=dedupe,
+        ),
+        RECORD,
+        f"audit: {kind}",
+        local=True,
+    )
+
+
 def _job_not_found(err: ActivityError | ApplicationError) -> bool:
     """Whether the step failed because the scheduler no longer knows the job (an activity's
     error comes wrapped in an ActivityError; a local activity's, as it was raised)."""
