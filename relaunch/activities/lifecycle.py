@@ -170,7 +170,11 @@ class LifecycleActivities:
         env = {"RELAUNCH_CHECK_DIR": settings.check_workdir} if settings.check_workdir else {}
         results: list[CheckResult] = []
         node = await self.deps.scheduler.get_node(inp.node)
-        waits_until = time.monotonic() + (ANSWER_WAIT_S if inp.purpose != "diagnose" else 0)
+        # A validation waits for a node just rebooted or repaired; a diagnosis waits only for
+        # a node slurmctld has not marked DOWN (a slurmd that missed one ping answers again;
+        # one the decision fenced, or Slurm timed out, does not).
+        wait = ANSWER_WAIT_S if inp.purpose != "diagnose" or node.state is not NodeState.DOWN else 0
+        waits_until = time.monotonic() + wait
         while not node.responding and time.monotonic() < waits_until:
             beat(f"wait for {inp.node} to answer")
             await asyncio.sleep(1)

@@ -15,6 +15,7 @@ from relaunch.cli.incidents import config_options, load_config
 from relaunch.connectors.slurm.factory import slurm_scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
+from relaunch.models.lifecycle import RepairReturn
 from relaunch.models.recovery import Approval, Detection
 
 if TYPE_CHECKING:
@@ -22,32 +23,43 @@ if TYPE_CHECKING:
 
 
 class TemporalDecider:
-    """Sends approve/reject through `recovery_client.decide` (the CLI's own path); connects on
-    first use, so that the console serves pages while Temporal is down."""
+    """Sends approve/reject through `recovery_client.decide` (the CLI's own path), pushed-in
+    detections and repair callbacks; connects on first use, so that the console serves pages
+    while Temporal is down."""
 
     def __init__(self, config: ClusterConfig) -> None:
         self._config = config
         self._client: Client | None = None
         self._lock = asyncio.Lock()
 
-    async def __call__(self, incident: str, decision: str, approval: Approval) -> object:
+    async def _connected(self) -> Client:
         from relaunch.connectors.temporal import connect
-        from relaunch.workflows import recovery_client
 
         async with self._lock:
             if self._client is None:
                 self._client = await connect(self._config)
-        return await recovery_client.decide(self._client, incident, decision, approval)
+            return self._client
+
+    async def __call__(self, incident: str, decision: str, approval: Approval) -> object:
+        from relaunch.workflows import recovery_client
+
+        client = await self._connected()
+        return await recovery_client.decide(client, incident, decision, approval)
 
     async def deliver(self, det: Detection) -> bool:
         """A pushed-in detection (the console's intake): signal-with-start, as the watcher."""
-        from relaunch.connectors.temporal import connect
         from relaunch.workflows import recovery_client
 
-        async with self._lock:
-            if self._client is None:
-                self._client = await connect(self._config)
-        return await recovery_client.start_or_join(self._client, self._config, det)
+        client = await self._connected()
+        return await recovery_client.start_or_join(client, self._config, det)
+
+    async def repaired(self, node: str, repair: RepairReturn) -> str:
+        """A repair callback (the console's intake): signal `returned` to the node's lifecycle
+        that waits for its repair, as `relaunch nodes returned`; that lifecycle's id."""
+        from relaunch.workflows import recovery_client
+
+        client = await self._connected()
+        return await recovery_client.signal_repaired(client, self._config.name, node, repair)
 
 
 def cluster_services(config: ClusterConfig) -> Services:
@@ -55,7 +67,12 @@ def cluster_services(config: ClusterConfig) -> Services:
     from relaunch.console.web import Services
 
     temporal = TemporalDecider(config)
-    return Services(decide=temporal, scheduler=slurm_scheduler(config), deliver=temporal.deliver)
+    return Services(
+        decide=temporal,
+        scheduler=slurm_scheduler(config),
+        deliver=temporal.deliver,
+        repaired=temporal.repaired,
+    )
 
 
 def register(cli: click.Group) -> None:

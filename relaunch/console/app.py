@@ -197,6 +197,11 @@ def create_app(
         Route("/incidents/{incident_id}/{decision}", routes_incident.decide, methods=["POST"]),
         Route("/nodes", routes_nodes.nodes_page),
         Route("/nodes/{node}/resume", routes_nodes.resume, methods=["POST"]),
+        Route(
+            "/nodes/{node}/lifecycle/{decision}",
+            routes_nodes.decide_lifecycle,
+            methods=["POST"],
+        ),
         Route("/jobs", routes_jobs.jobs_page),
         Route("/jobs/{job_id}", routes_jobs.job_page),
         Route("/audit", routes_audit.audit_page),

@@ -1,4 +1,5 @@
-"""Signals pushed in: ``POST /intake/alertmanager`` and ``POST /intake/slurm``.
+"""Signals pushed in: ``POST /intake/alertmanager``, ``POST /intake/slurm`` and the repair
+system's callback ``POST /intake/repair``.
 
 Each request is addressed to one cluster the console serves (``?cluster=NAME``, or a Slurm
 event's ``cluster`` field; the primary cluster by default) and handled with that cluster's own
@@ -9,6 +10,12 @@ cluster's ``intake-<cluster>`` record), then turned into detections for the watc
 concerns and delivered through signal-with-start. A failure to look the jobs up or to reach
 Temporal answers 503, so the sender retries; a retry of something already delivered (same alert
 fingerprint and start, or the same Slurm event) is recorded once and delivered once.
+
+A repair callback says that a node its lifecycle sent to repair is repaired: the lifecycle that
+waits for it is signalled (`returned`, as `relaunch nodes returned`) and validates the node
+before it returns it to service (docs/lifecycle.md). It answers 202 with that lifecycle's id,
+404 when no lifecycle of the node runs, 409 when the node's lifecycle is not waiting for a
+repair (it is still checking the node, or already validating it).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -34,7 +41,8 @@ from relaunch.models.intake import (
     SlurmEventKind,
     SlurmHookEvent,
 )
-from relaunch.models.names import cluster_name
+from relaunch.models.lifecycle import NoLifecycleError, RepairReturn
+from relaunch.models.names import cluster_name, node_name
 from relaunch.models.recovery import AuditRecord, Detection, DetectionSource
 from relaunch.models.scheduler import Job, JobState, watched
 
@@ -428,8 +436,124 @@ async def slurm(request: Request) -> Response:
     return JSONResponse(entry)
 
 
+# ---------------------------------------------------------------------- repair callback
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class RepairCallback(BaseModel):
+    """``POST /intake/repair``: the repair system (or a script) says ``node`` is repaired."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(description="the repaired node, as Slurm names it")
+    by: str = Field(max_length=100, description="who repaired it (recorded)")
+    ticket: str = Field(default="", max_length=64, description="the repair ticket")
+    note: str = Field(default="", max_length=500, description="what was done (recorded)")
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, value: str) -> str:
+        return node_name(value)
+
+    @field_validator("by", "ticket")
+    @classmethod
+    def _line(cls, value: str) -> str:
+        if _CONTROL.search(value):
+            raise ValueError("control characters are not allowed")
+        return value.strip()
+
+    @field_validator("note")
+    @classmethod
+    def _note(cls, value: str) -> str:
+        if _CONTROL.search(value.replace("\n", " ").replace("\t", " ")):
+            raise ValueError("control characters other than newlines and tabs are not allowed")
+        return value.strip()
+
+    @field_validator("by")
+    @classmethod
+    def _by(cls, value: str) -> str:
+        if not value:
+            raise ValueError("by must name who repaired the node")
+        return value
+
+
+def _parse_repair(raw: Any) -> RepairCallback:
+    """The callback's body, or a 400 naming the field at fault."""
+    if not isinstance(raw, dict):
+        raise IntakeRefused(400, "body must be a JSON object", "body")
+    try:
+        return RepairCallback.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field: the body takes node, by, ticket, note and cluster"
+        elif first["type"] == "missing":
+            msg = f"{field} is required"
+        raise IntakeRefused(400, msg, field) from exc
+
+
+async def repair(request: Request) -> Response:
+    c = console(request)
+    try:
+        user = _authorize(request, c)
+        raw = await _json_body(request)
+        named = raw.pop("cluster", None) if isinstance(raw, dict) else None
+        cl = _target(request, c, user, named)
+        body = _parse_repair(raw)
+    except IntakeRefused as exc:
+        return _refusal(exc)
+    signal = cl.services.repaired
+    if signal is None:
+        return _unavailable("the console cannot reach Temporal (no repair signal configured)")
+    told = RepairReturn(by=body.by, ticket=body.ticket, note=body.note)
+    try:
+        lifecycle = await signal(body.node, told)
+    except RelaunchError as exc:
+        if exc.retryable:
+            log.warning("repair callback for %s not delivered: %s", body.node, exc.message)
+            return _unavailable(f"not delivered, retry later: {exc.message}")
+        # recovery_client.signal_repaired: none of the node's lifecycles runs (404), or the
+        # one that runs is not waiting for a repair (409).
+        status = 404 if isinstance(exc, NoLifecycleError) else 409
+        return JSONResponse({"error": exc.message, "field": "node"}, status_code=status)
+    except Exception as exc:  # Temporal unreachable, RPC errors: the sender retries on 5xx
+        log.warning("repair callback for %s not delivered: %s", body.node, type(exc).__name__)
+        return _unavailable(f"not delivered, retry later: {type(exc).__name__}")
+    summary = (
+        f"repair callback: {body.node} repaired, says {body.by}"
+        + (f" (ticket {body.ticket})" if body.ticket else "")
+        + f": {lifecycle} validates it"
+    )
+    try:  # the lifecycle records its own `repaired` row; this one names the sender
+        await _record(
+            c,
+            cl,
+            summary,
+            None,
+            {"source": "repair", "sender": user.name, "lifecycle": lifecycle, **body.model_dump()},
+            [body.node],
+        )
+    except Exception as exc:  # delivered: a retry would be refused (409), so answer 202
+        log.warning("repair callback for %s not recorded: %s", body.node, type(exc).__name__)
+    log.info("intake repair %s -> %s", body.node, lifecycle)
+    return JSONResponse(
+        {
+            "lifecycle": lifecycle,
+            "cluster": cl.name,
+            "node": body.node,
+            "note": "the lifecycle validates the node; it returns to service only if its "
+            "checks pass",
+        },
+        status_code=202,
+    )
+
+
 def routes() -> list[Route]:
     return [
         Route("/intake/alertmanager", alertmanager, methods=["POST"]),
         Route("/intake/slurm", slurm, methods=["POST"]),
+        Route("/intake/repair", repair, methods=["POST"]),
     ]

@@ -79,7 +79,7 @@ _PENDING = f"""
     select count(*) from audit_events a
     where a.kind = 'stage' and a.stage = '{Stage.AWAITING_APPROVAL.value}'
       and not exists (select 1 from audit_events l where l.incident_id = a.incident_id
-                      and l.kind = 'stage' and l.id > a.id)
+                      and l.kind in ('stage', 'approval', 'rejection') and l.id > a.id)
 """
 
 _REFUSALS = """

@@ -65,6 +65,13 @@ class JobSummary(BaseModel):
     last_at: datetime
 
 
+class PendingRow(IncidentRow):
+    """An incident waiting for a decision, with what its latest stage row says (a node
+    lifecycle's pending step has no plan: this is its recommendation)."""
+
+    stage_summary: str | None = None
+
+
 class AttemptRow(IncidentRow):
     checkpoint_step: int | None = None
     restarts: int = 0
@@ -111,11 +118,11 @@ def _events_in(clusters: Clusters, alias: str = "") -> str:
 
 _SUMMARY_SQL = """
     select i.id, i.cluster, i.job_id, i.attempt, i.created_at,
-           s.stage, s.at as stage_at, v.category, v.confidence,
+           s.stage, s.at as stage_at, s.stage_summary, v.category, v.confidence,
            coalesce(v.nodes, '{}') as nodes, p.action, p.mode, p.summary as plan_summary
     from picked i
     left join lateral (
-        select e.stage, e.at from audit_events e
+        select e.id as stage_id, e.stage, e.at, e.summary as stage_summary from audit_events e
         where e.incident_id = i.id and e.kind = 'stage' order by e.id desc limit 1) s on true
     left join lateral (
         select e.data->>'category' as category, (e.data->>'confidence')::float as confidence,
@@ -242,11 +249,16 @@ class ConsoleDb:
         rows = await self._rows(sql, {"terminal": TERMINAL, "limit": limit, "clusters": clusters})
         return [IncidentRow.model_validate(r) for r in rows]
 
-    async def pending_approvals(self, clusters: Clusters = None) -> list[IncidentRow]:
+    async def pending_approvals(self, clusters: Clusters = None) -> list[PendingRow]:
         sql = (
             f"with picked as ({_OPEN}{_where_cluster(clusters, 'i.cluster', 'and')})"
             + _SUMMARY_SQL
-            + " where s.stage = %(awaiting)s order by s.at"
+            + " where s.stage = %(awaiting)s"
+            # Decided, and not yet on to its next stage (a node lifecycle records no stage
+            # between a decision and what it leads to): no longer pending.
+            + " and not exists (select 1 from audit_events d where d.incident_id = i.id"
+            " and d.kind in ('approval', 'rejection') and d.id > s.stage_id)"
+            " order by s.at"
         )
         rows = await self._rows(
             sql,
@@ -256,7 +268,7 @@ class ConsoleDb:
                 "clusters": clusters,
             },
         )
-        return [IncidentRow.model_validate(r) for r in rows]
+        return [PendingRow.model_validate(r) for r in rows]
 
     async def categories(self, since: datetime, clusters: Clusters = None) -> dict[str, int]:
         rows = await self._rows(
@@ -350,6 +362,26 @@ class ConsoleDb:
             (cluster,),
         )
         return {str(r["node"]): NodeDrain.model_validate(r) for r in rows}
+
+    async def node_stages(self, cluster: str) -> dict[str, StoredEvent]:
+        """Each node's latest lifecycle stage row on ``cluster`` (AuditStore.node_stages)."""
+        return await self.from_store(lambda store: store.node_stages(cluster))
+
+    async def latest_rows(
+        self, incidents: Sequence[str], kinds: Sequence[str]
+    ) -> list[StoredEvent]:
+        """The latest row of each of ``kinds`` in each of ``incidents`` (one statement, through
+        the (incident_id, id) index: a lifecycle has tens of rows)."""
+        if not incidents:
+            return []
+        rows = await self._rows(
+            "select distinct on (incident_id, kind) id, incident_id, kind, at, actor, stage,"
+            " nodes, summary, data from audit_events"
+            " where incident_id = any(%s) and kind = any(%s)"
+            " order by incident_id, kind, id desc",
+            (list(incidents), list(kinds)),
+        )
+        return [StoredEvent.model_validate(r) for r in rows]
 
     async def reputation(self, cluster: str, since: datetime) -> list[NodeReputation]:
         return await self.from_store(lambda store: store.node_reputation(cluster, since))

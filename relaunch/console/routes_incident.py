@@ -1,8 +1,10 @@
-"""One incident: timeline, decisive evidence, verdict, plan, and the Approve / Reject forms."""
+"""One incident: timeline, decisive evidence, verdict, plan, and the Approve / Reject forms. A
+node lifecycle's id (``relaunch-<cluster>-lifecycle-<node>-<n>``) is an incident too: its page
+shows the node's stages, the checks that ran and the step waiting for a decision."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -12,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from relaunch.connectors.audit import StoredEvent
 from relaunch.console.auth import ConsoleRole
+from relaunch.console.lifecycles import TERMINAL_NODE_STAGES, checks_view, pending_of
 from relaunch.console.web import (
     Auth,
     Conflict,
@@ -25,11 +28,13 @@ from relaunch.console.web import (
     require_post,
 )
 from relaunch.models.errors import RelaunchError
+from relaunch.models.lifecycle import parse_lifecycle_id
 from relaunch.models.node_decision import parse_node_decision_id
 from relaunch.models.recovery import Approval
-from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
+from relaunch.models.search_attributes import TERMINAL_STAGES
 
 DECISIVE_ROLES = {"root", "confirm"}
+RECOVERY_TERMINAL = frozenset(s.value for s in TERMINAL_STAGES)
 MAX_REASON = 500
 # Rows are written by other versions too: every field a template reads has a default.
 EVIDENCE_DEFAULTS: dict[str, Any] = {
@@ -72,13 +77,19 @@ class TimelineRow(BaseModel):
     step_s: float
 
 
-def stages(events: list[StoredEvent], now: datetime) -> list[StageSpan]:
-    """Each stage with how long it lasted (to the next stage, or until now while open)."""
-    rows = [e for e in events if e.kind == "stage" and e.stage]
+def stages(
+    events: list[StoredEvent],
+    now: datetime,
+    kind: str = "stage",
+    terminal_stages: frozenset[str] = RECOVERY_TERMINAL,
+) -> list[StageSpan]:
+    """Each stage with how long it lasted (to the next stage, or until now while open): the
+    recovery's stages (``stage`` rows), or a lifecycle's (``node_stage`` rows)."""
+    rows = [e for e in events if e.kind == kind and e.stage]
     spans = []
     for i, e in enumerate(rows):
         last = i == len(rows) - 1
-        terminal = e.stage in {s.value for s in TERMINAL_STAGES}
+        terminal = e.stage in terminal_stages
         end = rows[i + 1].at if not last else (None if terminal else now)
         spans.append(
             StageSpan(
@@ -141,15 +152,31 @@ async def _context(request: Request, auth: Auth, incident_id: str) -> dict[str, 
     check_cluster(auth, summary.cluster)  # whose it is: the audit trail's row, not the id
     events = await c.db.from_store(lambda store: store.events(incident_id))
     now = datetime.now(UTC)
-    spans = stages(events, now)
-    current = spans[-1].stage if spans else None
-    awaiting = current == Stage.AWAITING_APPROVAL.value
     timeout_s = c.config_of(summary.cluster).policy.approval_timeout_s
-    expires_at = spans[-1].at + timedelta(seconds=timeout_s) if awaiting else None
+    # Awaiting: the latest stage row asks for a decision that no approval or rejection row
+    # answered yet (a lifecycle records no stage between a decision and its next step).
+    pending = pending_of(events, timeout_s)
+    lifecycle = parse_lifecycle_id(incident_id)
+    if lifecycle is not None:  # a node's stages: suspect, drained, diagnosing, …
+        spans = stages(events, now, "node_stage", TERMINAL_NODE_STAGES)
+    else:
+        spans = stages(events, now)
+    current = spans[-1].stage if spans else None
+    awaiting = pending is not None
+    expires_at = pending.expires_at if pending else None
     verdict, plan = _latest(events, "verdict"), _latest(events, "plan")
-    node = parse_node_decision_id(incident_id)
+    node = parse_node_decision_id(incident_id) if lifecycle is None else None
     joined = _latest(events, "node_decision")
+    checks = [v for v in (checks_view(e) for e in events if e.kind == "checks") if v]
     return {
+        # A node lifecycle: its node and the checks that ran (newest first).
+        "lifecycle": {
+            "node": lifecycle[1],
+            "checks": checks[::-1],
+        }
+        if lifecycle is not None
+        else None,
+        "pending": pending,
         # A node decision: its node and the job recoveries one decision covers.
         "node_decision": {
             "node": node[1],
@@ -193,8 +220,23 @@ async def decide(request: Request) -> Response:
     if decision not in {"approve", "reject"}:
         raise NotFound(f"no such decision {decision!r}")
     auth, form = await require_post(request, ConsoleRole.APPROVER)
-    c = console(request)
     incident_id = request.path_params["incident_id"]
+    await send_decision(request, auth, incident_id, decision, form)
+    return RedirectResponse(
+        f"/incidents/{quote(incident_id, safe='')}?decided={decision}", status_code=303
+    )
+
+
+async def send_decision(
+    request: Request, auth: Auth, incident_id: str, decision: str, form: dict[str, str]
+) -> str:
+    """Send a person's approve/reject of ``incident_id`` (the incident page's and the nodes
+    page's forms, after require_post): the incident must be in the audit trail and in the
+    user's scope, and of a cluster this console serves; it goes through that cluster's own
+    Temporal decider (recovery_client.decide, the CLI's path). A form that names the request
+    it decides (``request_id``) is refused when that request no longer waits: the page was
+    stale, and the step now waiting is another. Returns the incident's cluster."""
+    c = console(request)
     summary = await c.db.incident(incident_id)
     if summary is None:
         raise NotFound(f"no incident {incident_id!r}")
@@ -202,6 +244,16 @@ async def decide(request: Request) -> Response:
     reason = form.get("reason", "").strip()
     if len(reason) > MAX_REASON:
         raise Problem(f"the reason is longer than {MAX_REASON} characters")
+    request_id = form.get("request_id", "").strip()
+    if request_id:
+        timeout_s = c.config_of(summary.cluster).policy.approval_timeout_s
+        events = await c.db.from_store(lambda store: store.events(incident_id))
+        pending = pending_of(events, timeout_s)
+        if pending is None or pending.request_id != request_id:
+            now = f"now {pending.step or 'another step'} waits" if pending else "nothing waits"
+            raise Conflict(
+                f"{incident_id}: the step you decided is no longer waiting ({now}): reload the page"
+            )
     served = c.clusters.get(summary.cluster)
     if served is None:  # a cluster's own configuration acts on its incidents, no other
         raise Conflict(
@@ -217,6 +269,4 @@ async def decide(request: Request) -> Response:
         if exc.retryable:
             raise Unavailable(f"Temporal does not answer: {exc.message}") from exc
         raise Conflict(exc.message) from exc
-    return RedirectResponse(
-        f"/incidents/{quote(incident_id, safe='')}?decided={decision}", status_code=303
-    )
+    return summary.cluster

@@ -1,6 +1,8 @@
 """Nodes of one served cluster (``?cluster=``): Slurm state, drain reason, who drained it and
-why, reputation, and Resume (admin, only for nodes Relaunch drained, through that cluster's own
-scheduler)."""
+why, reputation, Resume (admin, only for nodes Relaunch drained, through that cluster's own
+scheduler), and each node's lifecycle (docs/lifecycle.md): its stage, the checks that ran with
+their output, and Approve / Reject for the step it waits for (approver, through that cluster's
+own Temporal decider, as the incident page and `relaunch approve`)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from starlette.responses import RedirectResponse, Response
 from relaunch.connectors.audit import NodeReputation
 from relaunch.console import kpis
 from relaunch.console.auth import ConsoleRole
+from relaunch.console.lifecycles import LIFECYCLE_KINDS, LifecycleView, lifecycle_views
 from relaunch.console.queries import NodeDrain
+from relaunch.console.routes_incident import send_decision
 from relaunch.console.web import (
     Conflict,
     NotFound,
@@ -30,6 +34,7 @@ from relaunch.console.web import (
     served_cluster,
 )
 from relaunch.models.errors import InvalidNameError, NodeNotFoundError, RelaunchError
+from relaunch.models.lifecycle import parse_lifecycle_id
 from relaunch.models.names import cluster_name
 from relaunch.models.recovery import DRAIN_REASON_PREFIX, AuditRecord
 from relaunch.models.scheduler import Node
@@ -43,6 +48,7 @@ class NodeView(BaseModel):
     node: Node | None
     drain: NodeDrain | None
     reputation: NodeReputation | None
+    lifecycle: LifecycleView | None = None
 
     @property
     def drained_by_relaunch(self) -> bool:
@@ -56,13 +62,23 @@ class NodeView(BaseModel):
 
 
 def node_views(
-    nodes: list[Node], drains: dict[str, NodeDrain], reputation: list[NodeReputation]
+    nodes: list[Node],
+    drains: dict[str, NodeDrain],
+    reputation: list[NodeReputation],
+    lifecycles: dict[str, LifecycleView] | None = None,
 ) -> list[NodeView]:
     rep = {r.node: r for r in reputation}
-    names = sorted({n.name for n in nodes} | set(drains) | set(rep))
+    life = lifecycles or {}
+    names = sorted({n.name for n in nodes} | set(drains) | set(rep) | set(life))
     by_name = {n.name: n for n in nodes}
     return [
-        NodeView(name=n, node=by_name.get(n), drain=drains.get(n), reputation=rep.get(n))
+        NodeView(
+            name=n,
+            node=by_name.get(n),
+            drain=drains.get(n),
+            reputation=rep.get(n),
+            lifecycle=life.get(n),
+        )
         for n in names
     ]
 
@@ -80,14 +96,18 @@ async def nodes_page(request: Request) -> Response:
     slurm_error: str | None = None
     if sched is None:
         slurm_error = "no scheduler configured for the console"
-    drains, reputation = await asyncio.gather(
+    drains, reputation, stages = await asyncio.gather(
         c.db.node_drains(cl.name),
         c.db.cached(
             ("reputation", cl.name, window),
             REPUTATION_TTL_S,
             lambda: c.db.reputation(cl.name, datetime.now(UTC) - span),
         ),
+        c.db.node_stages(cl.name),
     )
+    # Each node's latest lifecycle: its latest checks and its pending step, in one statement.
+    rows = await c.db.latest_rows([s.incident_id for s in stages.values()], LIFECYCLE_KINDS)
+    lifecycles = lifecycle_views(stages, rows, cl.config.policy.approval_timeout_s)
     if sched is not None:
         try:
             nodes = await asyncio.wait_for(sched.list_nodes(), SCHEDULER_TIMEOUT_S)
@@ -98,7 +118,7 @@ async def nodes_page(request: Request) -> Response:
         "nodes.html",
         auth,
         cluster=cl.name,
-        nodes=node_views(nodes, drains, reputation),
+        nodes=node_views(nodes, drains, reputation, lifecycles),
         slurm_error=slurm_error,
         window=window,
         windows=list(kpis.WINDOWS),
@@ -147,6 +167,29 @@ async def resume(request: Request) -> Response:
         )
     )
     target = f"/nodes?cluster={quote(cl.name, safe='')}" if c.several else "/nodes"
+    return RedirectResponse(target, status_code=303)
+
+
+async def decide_lifecycle(request: Request) -> Response:
+    """Approve / Reject the step a node's lifecycle waits for, from the nodes page: the
+    incident page's rules (approver role, CSRF, the lifecycle's cluster in the token's scope
+    and served here) and its path to Temporal; the form names the lifecycle and the request it
+    decides, so that a stale page never decides a later step."""
+    decision = request.path_params["decision"]
+    if decision not in {"approve", "reject"}:
+        raise NotFound(f"no such decision {decision!r}")
+    auth, form = await require_post(request, ConsoleRole.APPROVER)
+    c = console(request)
+    node = request.path_params["node"]
+    lifecycle = form.get("lifecycle", "").strip()
+    parsed = parse_lifecycle_id(lifecycle)
+    if parsed is None or parsed[1] != node:
+        raise Problem(f"{lifecycle!r} is not a lifecycle of node {node!r}")
+    if not form.get("request_id", "").strip():
+        raise Problem("the form names no request to decide: reload the page")
+    # Whose it is, and whether the user may decide it: the audit trail's row, not the form.
+    cluster = await send_decision(request, auth, lifecycle, decision, form)
+    target = f"/nodes?cluster={quote(cluster, safe='')}" if c.several else "/nodes"
     return RedirectResponse(target, status_code=303)
 
 

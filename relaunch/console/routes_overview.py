@@ -12,9 +12,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from relaunch.connectors.audit import IncidentRow
 from relaunch.console import charts, kpis
-from relaunch.console.queries import Clusters, bucket_for
+from relaunch.console.queries import Clusters, PendingRow, bucket_for
 from relaunch.console.web import (
     Auth,
     Cluster,
@@ -37,7 +36,7 @@ KPI_TTL_S = 15.0
 class Pending(BaseModel):
     """An incident waiting for a decision, with how long it has waited and when it expires."""
 
-    incident: IncidentRow
+    incident: PendingRow
     age_s: float
     expires_at: datetime | None
     expires_in_s: float | None
@@ -50,7 +49,7 @@ class WatchedJob(BaseModel):
     job: Job
 
 
-def pending_view(c: Console, rows: list[IncidentRow], now: datetime) -> list[Pending]:
+def pending_view(c: Console, rows: list[PendingRow], now: datetime) -> list[Pending]:
     out = []
     for row in rows:
         timeout = timedelta(seconds=c.config_of(row.cluster).policy.approval_timeout_s)

@@ -22,6 +22,7 @@ from relaunch.console.live import Broadcaster
 from relaunch.console.queries import ConsoleDb
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import InvalidNameError
+from relaunch.models.lifecycle import RepairReturn
 from relaunch.models.names import cluster_name
 from relaunch.models.recovery import Approval, Detection
 
@@ -29,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 
 Decide = Callable[[str, str, Approval], Awaitable[object]]
 Deliver = Callable[[Detection], Awaitable[bool]]
+# (node, repair) -> the id of the node's lifecycle that was told (signal `returned`).
+Repaired = Callable[[str, RepairReturn], Awaitable[str]]
 
 
 class Problem(Exception):
@@ -69,6 +72,7 @@ class Services:
     decide: Decide | None = None
     scheduler: Scheduler | None = None
     deliver: Deliver | None = None  # signal-with-start of a pushed-in detection (intake)
+    repaired: Repaired | None = None  # a repair callback (intake): the lifecycle's `returned`
 
 
 @dataclass

@@ -111,7 +111,9 @@ def judge(
     if timed_out:
         return result(False, f"no answer within {check.timeout_s:g}s")
     if exit_code != 0:
-        last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "")
+        # The check's own last words, not srun's "task 0: Exited with exit code 1".
+        lines = [ln for ln in output.splitlines() if ln.strip()]
+        last = next((ln for ln in reversed(lines) if not ln.startswith("srun: ")), "")
         return result(False, f"exit {exit_code}" + (f": {last.strip()[:200]}" if last else ""))
     if check.fail_pattern and (m := re.search(check.fail_pattern, output, re.MULTILINE)):
         return result(False, f"output has {m.group(0)[:120]!r}")

@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field, HttpUrl, field_validator
 
+from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import STRICT, Category, Mode
 
 _LIFECYCLE = re.compile(r"relaunch-(?P<cluster>.+)-lifecycle-(?P<node>.+)-(?P<n>[0-9]+)")
@@ -22,6 +23,14 @@ _LIFECYCLE = re.compile(r"relaunch-(?P<cluster>.+)-lifecycle-(?P<node>.+)-(?P<n>
 CHECK_ID = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # At most this much of a check's output is kept (the head and the tail).
 OUTPUT_MAX = 4000
+
+
+class NoLifecycleError(RelaunchError):
+    """No lifecycle of the node runs (a repair reported for a node nobody sent to repair)."""
+
+
+class NotAwaitingRepairError(RelaunchError):
+    """The node's lifecycle runs but does not wait for a repair (it checks the node, say)."""
 
 
 def lifecycle_id(cluster: str, node: str, n: int) -> str:

