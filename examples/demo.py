@@ -30,7 +30,14 @@ from relaunch.devstack import faults
 from relaunch.devstack.stack import Stack
 from relaunch.devstack.workload import submit_training
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import TERMINAL_STAGES, RecoveryStatus, Stage, recovery_workflow_id
+from relaunch.models.lifecycle import reservation_name
+from relaunch.models.recovery import (
+    RELAUNCH_REASONS,
+    TERMINAL_STAGES,
+    RecoveryStatus,
+    Stage,
+    recovery_workflow_id,
+)
 from relaunch.models.scheduler import Job, JobState
 from relaunch.workflows.recovery import RecoveryWorkflow
 
@@ -87,14 +94,24 @@ async def wait_stage(
     raise RelaunchError(f"incident {incident} did not reach {sorted(stages)} in {timeout:.0f}s")
 
 
-async def tidy(stack: Stack, sched: SlurmCli) -> None:
-    """Undo an earlier demo: its job, and the nodes Relaunch drained for it."""
+async def tidy(stack: Stack, sched: SlurmCli, client: Client) -> None:
+    """Undo an earlier demo: its job, its nodes' lifecycles, and the nodes Relaunch drained."""
     for job in await sched.list_jobs():
         if job.name == "train-ddp" and job.state.is_active:
             await sched.cancel_job(job.job_id)
             say(f"cancelled job {job.job_id}, left running by an earlier demo")
+    cluster = stack.cluster_config().name
+    query = (
+        f'WorkflowType="NodeLifecycleWorkflow" AND ExecutionStatus="Running" AND '
+        f'RelaunchCluster="{cluster}"'
+    )
+    async for wf in client.list_workflows(query):
+        await client.get_workflow_handle(wf.id).terminate("an earlier demo's: tidied up")
+        say(f"ended {wf.id}, left waiting by an earlier demo")
+    maint = sched.maintenance()
     for node in await sched.list_nodes():
-        if node.reason.startswith("relaunch incident"):
+        await maint.unreserve_node(reservation_name(node.name))
+        if node.reason.startswith(RELAUNCH_REASONS):
             await sched.resume_node(node.name)
             say(f"resumed {node.name}, drained by an earlier demo")
 
@@ -103,7 +120,7 @@ async def story(stack: Stack) -> None:
     sched = stack.scheduler()
     cluster = stack.cluster_config()
     client = await Client.connect(stack.temporal_address, data_converter=pydantic_data_converter)
-    await tidy(stack, sched)
+    await tidy(stack, sched, client)
     work = STATE / "demo"
     work.mkdir(parents=True, exist_ok=True)
     job_id = submit_training(
@@ -198,8 +215,10 @@ def main() -> int:
     print("  sinfo -R; squeue; relaunch incidents; temporal workflow list")
     print(f"  Temporal UI: {stack.temporal_ui}")
     print(
-        "  (the failed node's slurmd stays dead: `relaunch dev up` restarts it, "
-        "`relaunch slurm resume <node>` returns it to service)"
+        "  (the failed node is now its lifecycle's: `relaunch nodes` shows its stage; in monitor "
+        "mode it waits for\n   `relaunch approve <its lifecycle, named above> --by you` to "
+        "reboot it (restart its slurmd), checks it,\n   and asks again before returning it: "
+        "docs/lifecycle.md)"
     )
     print("Stop everything: .venv/bin/relaunch dev down   (or: make down)")
     return 0

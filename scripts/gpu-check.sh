@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Ready check for the node agent on a machine WITH an NVIDIA GPU (under 2 minutes).
+# Ready check for the node agent, and the node lifecycle's GPU checks, on a machine WITH an
+# NVIDIA GPU (under 2 minutes).
 # Every GPU that `nvidia-smi -L` lists must appear in `relaunch agent --once` with its UUID and
 # PCI bus id; the agent must then run for a few seconds, write samples and stop on SIGTERM.
 # Prints PASS/FAIL lines; exits non-zero when anything failed.
@@ -98,6 +99,37 @@ async def main() -> bool:
     print(f"{'PASS' if waited < 8 else 'FAIL'} event wait returned in {waited:.1f}s ({len(events)} Xid)")
     return bool(registered) and waited < 8
 raise SystemExit(0 if asyncio.run(main()) else 1)
+PYEOF
+
+# The node lifecycle's GPU checks (relaunch/detection/health_checks.json), run here as the
+# lifecycle runs them on a node through srun: the same wrapper, the same pass rules. Nothing is
+# reset or changed. DCGM's diagnostic and the NCCL all-reduce take minutes: only with
+# RELAUNCH_GPU_CHECK_ALL=1 (and where dcgmi / all_reduce_perf are installed).
+"$PY" - "$node" <<'PYEOF' || failed=1
+import os, subprocess, sys
+from relaunch.detection.health import builtin_checks, judge, wrapped_argv
+from relaunch.models.lifecycle import CheckKind
+node, ok = sys.argv[1], True
+slow = {"gpu-dcgm-diag", "nccl-allreduce"}
+gpu = [
+    c for c in builtin_checks()
+    if c.kind is CheckKind.COMMAND and {"nvidia-smi", "dcgmi"} & set(c.requires)
+]
+for check in gpu:
+    if check.id in slow and os.environ.get("RELAUNCH_GPU_CHECK_ALL") != "1":
+        print(f"SKIP lifecycle check {check.id}: set RELAUNCH_GPU_CHECK_ALL=1 to run it")
+        continue
+    try:
+        done = subprocess.run(
+            wrapped_argv(check, node), capture_output=True, text=True, timeout=check.timeout_s
+        )
+        result = judge(check, done.returncode, done.stdout + done.stderr)
+    except subprocess.TimeoutExpired:
+        result = judge(check, None, "", timed_out=True)
+    word = "SKIP" if result.skipped else "PASS" if result.passed else "FAIL"
+    print(f"{word} lifecycle check {check.id}: {result.detail}")
+    ok = ok and (result.passed or result.skipped)
+sys.exit(0 if ok else 1)
 PYEOF
 
 [ "$failed" -eq 0 ] && echo "PASS gpu-check" || echo "FAIL gpu-check"

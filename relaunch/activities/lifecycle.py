@@ -259,6 +259,11 @@ class LifecycleActivities:
             nodes=[inp.node],
         )
         if not first:
+            earlier = await self._not_applied(inp)
+            if earlier is not None:
+                return RungResult(
+                    rung=inp.rung, done=False, detail=f"an earlier attempt: {earlier}"
+                )
             if inp.rung is Rung.REBOOT:
                 back = await self._until_back(inp, time.monotonic(), "an earlier attempt")
                 return back.model_copy(update={"detail": back.detail + " (not asked again)"})
@@ -266,10 +271,30 @@ class LifecycleActivities:
                 rung=inp.rung, done=True, detail="applied by an earlier attempt (not again)"
             )
         if inp.rung is Rung.GPU_RESET:
-            return await self._gpu_reset(inp)
-        if inp.rung is Rung.REBOOT:
-            return await self._reboot(inp)
-        return RungResult(rung=inp.rung, done=False, detail=f"{inp.rung.value} changes nothing")
+            result = await self._gpu_reset(inp)
+        elif inp.rung is Rung.REBOOT:
+            result = await self._reboot(inp)
+        else:
+            result = RungResult(
+                rung=inp.rung, done=False, detail=f"{inp.rung.value} changes nothing"
+            )
+        if not result.done:  # a retry must not take "started" for "applied"
+            await self.deps.audit_row(
+                inp.lifecycle_id,
+                "rung_not_applied",
+                f"{inp.rung.value} {inp.node}: {result.detail}"[:500],
+                dedupe=f"rung_not_applied:{inp.rung.value}",
+                nodes=[inp.node],
+                data={"detail": result.detail},
+            )
+        return result
+
+    async def _not_applied(self, inp: RungInput) -> str | None:
+        """Why an earlier attempt of this rung did not apply it, if it did not."""
+        for event in await self.deps.audit.events(inp.lifecycle_id):
+            if event.kind == "rung_not_applied" and event.summary.startswith(inp.rung.value):
+                return str(event.data.get("detail", event.summary))
+        return None
 
     async def _gpu_reset(self, inp: RungInput) -> RungResult:
         maint = self._maintenance()

@@ -30,7 +30,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 
+from relaunch.activities.deps import Deps
+from relaunch.activities.lifecycle import LifecycleActivities
 from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.devstack import faults
 from relaunch.devstack.slurm import start_daemons
@@ -39,6 +42,8 @@ from relaunch.models.lifecycle import (
     LifecycleSettings,
     LifecycleStatus,
     NodeStage,
+    Rung,
+    RungInput,
     lifecycle_id,
     reservation_name,
 )
@@ -328,3 +333,45 @@ async def _restore(home: Any, sched: Any, name: str, client: Client) -> None:
         await maint.unreserve_node(reservation_name(node))
         with contextlib.suppress(Exception):
             await sched.resume_node(node)
+
+
+async def test_a_reboot_slurm_refuses_is_said_and_the_ladder_goes_on(stack: Stack) -> None:
+    """Without a reboot command, the reboot rung asks `scontrol reboot`. The local Slurm has no
+    RebootProgram: it refuses, and the rung says so (not applied) instead of waiting for a
+    reboot that never comes; a Slurm that accepts has the node flagged for it."""
+    home = stack.home(CLUSTER)
+    sched = stack.scheduler(CLUSTER)
+    config = stack.cluster_config(CLUSTER)
+    audit = await AuditStore.open(stack.database_url)
+    try:
+        deps = Deps(config=config, scheduler=sched, audit=audit)
+        lid = lifecycle_id(f"reboot{os.getpid()}x{time.monotonic_ns()}", "n4", 1)
+        await audit.ensure_incident(lid, CLUSTER, "", 1)
+        settings = LifecycleSettings(reboot_command=[], reboot_timeout_s=5)
+        rung = RungInput(
+            lifecycle_id=lid,
+            cluster=CLUSTER,
+            node="n4",
+            settings=settings,
+            rung=Rung.REBOOT,
+            reason="relaunch: reboot test",
+        )
+        result = await ActivityEnvironment().run(LifecycleActivities(deps).apply_rung, rung)
+        print(f"scontrol reboot on the local Slurm: {result.detail}")  # shown with -s
+        node = await sched.get_node("n4")
+        if not result.done:
+            assert "Slurm refused to reboot n4" in result.detail, result.detail
+            assert not any(f.startswith("REBOOT") for f in node.flags), node.flags
+        else:  # accepted: the node waits for its reboot (cancelled here)
+            assert any(f.startswith("REBOOT") for f in node.flags), node.flags
+            subprocess.run(
+                ["scontrol", "cancel_reboot", "n4"],
+                env={**os.environ, **home.slurm.env},
+                check=False,
+                timeout=30,
+            )
+        # A retried attempt does not ask Slurm again.
+        again = await ActivityEnvironment().run(LifecycleActivities(deps).apply_rung, rung)
+        assert "earlier attempt" in again.detail
+    finally:
+        await audit.close()

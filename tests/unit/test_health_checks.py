@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -116,3 +118,19 @@ def test_the_ladder_by_remedy_category_and_default_ends_in_escalate() -> None:
     site = LifecycleSettings(ladders={"network": [Rung.RESUME_AFTER_CHECKS, Rung.REBOOT]})
     assert ladder_for(site, None, Category.NETWORK) == [Rung.REBOOT, Rung.ESCALATE]
     assert ladder_for(site, None, Category.NODE_FAILURE) == [Rung.ESCALATE]
+
+
+H200 = Path(__file__).parents[1] / "fixtures" / "health" / "nvidia-smi-q-row-remapper-h200.txt"
+
+
+def test_gpu_smi_passes_a_healthy_h200_and_fails_each_flag_set() -> None:
+    check = next(c for c in builtin_checks() if c.id == "gpu-smi")
+    healthy = H200.read_text()
+    assert judge(check, 0, healthy).passed
+    for field in ("Pending", "Remapping Failure Occurred"):
+        broken = re.sub(rf"({field}\s*:) No", r"\1 Yes", healthy, count=1)
+        assert broken != healthy
+        result = judge(check, 0, broken)
+        assert not result.passed and "Yes" in result.detail, field
+    lost = "Unable to determine the device handle for GPU0000:00:06.0: GPU is lost."
+    assert not judge(check, 0, lost).passed
