@@ -118,12 +118,28 @@ class LifecycleActivities:
                 f"{fault.kind} {len(same) + 1} times within "
                 f"{settings.escalate_after_return_hours:g} h"
             )
+        else:
+            escalate = await self._repeat_offender(inp)
         return StartResult(
             drained=out,
             state=node.display_state,
             reason=node.reason,
             ladder=ladder,
             escalate=escalate,
+        )
+
+    async def _repeat_offender(self, inp: StartInput) -> str:
+        """Why the node is a repeat offender (its reputation: incidents that implicated it on
+        trusted evidence within the policy's window), or ""."""
+        policy = self.deps.config.policy
+        since = datetime.now(UTC) - timedelta(hours=policy.repeat_offender_window_hours)
+        reputation = await self.deps.audit.node_reputation(inp.cluster, since)
+        rep = next((r for r in reputation if r.node == inp.node), None)
+        if rep is None or rep.incidents < policy.repeat_offender_incidents:
+            return ""
+        return (
+            f"a repeat offender: {rep.incidents} incidents implicated it within "
+            f"{policy.repeat_offender_window_hours:g} h"
         )
 
     # ------------------------------------------------------------------ reservation
