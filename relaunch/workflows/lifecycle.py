@@ -328,7 +328,8 @@ class NodeLifecycleWorkflow:
         await self._record(
             "checks",
             f"{purpose}: {run.summary()}",
-            dedupe=f"checks:{len(self._runs)}",
+            # Unique across a continue-as-new too (the runs carried are the last few only).
+            dedupe=f"checks:{self._visits}:{len(self._runs)}",
             data={**run.model_dump(mode="json"), "passed": run.passed, "state": state},
         )
         return run

@@ -1,5 +1,5 @@
-"""Committed workflow histories replay against today's RecoveryWorkflow and
-NodeDecisionWorkflow. A change to the
+"""Committed workflow histories replay against today's RecoveryWorkflow,
+NodeDecisionWorkflow and NodeLifecycleWorkflow. A change to the
 workflow's command sequence that is not behind `workflow.patched(...)` fails here.
 
 Re-record with `RELAUNCH_RECORD_HISTORIES=1 make test` after an intended, versioned change."""
@@ -14,6 +14,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from relaunch.workers.worker import WORKFLOW_RUNNER
+from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
 from relaunch.workflows.node_decision import NodeDecisionWorkflow
 from relaunch.workflows.recovery import RecoveryWorkflow
 
@@ -48,12 +49,16 @@ def test_histories_are_committed() -> None:
     # Second looks (patch node-look-again): a decision whose report came after it had isolated
     # the node, and one whose node's slurmd died after plan_node's probe.
     assert {"node_decision_late_report", "node_decision_looked_again"} <= names
+    # Node lifecycles (tests/unit/test_lifecycle_workflow.py): rebooted and returned on its
+    # own, approved step by step in monitor mode, and a rejected reboot sent to repair and back.
+    lifecycles = {"lifecycle_returned_autonomous", "lifecycle_monitor_approved"}
+    assert {*lifecycles, "lifecycle_rejected_repaired"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_replay(path: Path) -> None:
     replayer = Replayer(
-        workflows=[RecoveryWorkflow, NodeDecisionWorkflow],
+        workflows=[RecoveryWorkflow, NodeDecisionWorkflow, NodeLifecycleWorkflow],
         workflow_runner=WORKFLOW_RUNNER,  # the workers' own
         data_converter=pydantic_data_converter,
     )
