@@ -199,6 +199,13 @@ class Harness:
             self.kill(name, signal.SIGTERM)
         for job_id in self.jobs:
             await self.sched.cancel_job(job_id)
+        # And every job of this harness's cluster it did not submit itself (a resubmission
+        # Relaunch made, a hostile user's job): none may hold a node after the test.
+        for job in await self.sched.list_jobs():
+            mine = job.comment_fields.get("relaunch_cluster") == self.config.name
+            if mine and job.state.is_active and job.job_id not in self.jobs:
+                with contextlib.suppress(Exception):
+                    await self.sched.cancel_job(job.job_id)
 
     async def restore_nodes(self) -> None:
         """Bring back killed slurmds and return every node to service (after every harness of
