@@ -13,6 +13,7 @@ from pathlib import Path
 from temporalio import activity
 
 from relaunch.activities.deps import Deps, typed_errors
+from relaunch.activities.health_evidence import health_evidence
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.joboutput import FileEvidence, read_file_evidence
@@ -233,7 +234,11 @@ class EvidenceActivities:
             limit=NODE_LOG_TAIL_BYTES,
             timeout_s=self.deps.config.job_output.read_timeout_s,
         )
-        await asyncio.to_thread(write_bundle, path, bundle_job, job_log, node_logs, telemetry)
+        # Health events other systems pushed in for the job's nodes (docs/console.md).
+        health = await health_evidence(self.deps.audit, inp.cluster, job)
+        await asyncio.to_thread(
+            write_bundle, path, bundle_job, job_log, node_logs, telemetry, health
+        )
         summary = EvidenceSummary(
             incident_id=inp.incident_id,
             bundle_path=str(path),
@@ -273,6 +278,7 @@ class EvidenceActivities:
                 "unreachable_nodes": unreachable,
                 "log_excerpt": job_log.splitlines()[-40:],
                 "node_log_excerpts": {n: t.splitlines()[-10:] for n, t in node_logs.items()},
+                "health_events": len(health),
             },
         )
         return summary
@@ -341,7 +347,7 @@ class EvidenceActivities:
         self, inp: PlanInput, user: str, lineage: list[str], now: datetime
     ) -> tuple[ActionPlan, PlanHistory]:
         """The plan and the history it was made from (called under the drain lock)."""
-        policy, job = inp.policy, inp.evidence.job
+        policy, job = await self.deps.policy(inp.policy), inp.evidence.job
         nodes = await self.deps.scheduler.list_nodes()
         drain_since = now - timedelta(hours=policy.drain_window_hours)
         # Restarts Slurm knows of (this job's requeues, one per resubmission in its lineage) that

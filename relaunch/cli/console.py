@@ -13,6 +13,7 @@ from temporalio.client import Client
 from relaunch.cli.exits import fail as _fail
 from relaunch.cli.incidents import config_options, load_config
 from relaunch.connectors.slurm.factory import slurm_scheduler
+from relaunch.console.auth import ConsoleRole
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.lifecycle import RepairReturn
@@ -76,7 +77,7 @@ def cluster_services(config: ClusterConfig) -> Services:
 
 
 def register(cli: click.Group) -> None:
-    @cli.command("console")
+    @cli.group("console", invoke_without_command=True)
     @config_options
     @click.option(
         "--cluster-config",
@@ -90,7 +91,9 @@ def register(cli: click.Group) -> None:
     @click.option(
         "--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8400)."
     )
+    @click.pass_context
     def console_cmd(
+        ctx: click.Context,
         config_path: Path | None,
         cluster: str,
         state_dir: Path,
@@ -99,9 +102,12 @@ def register(cli: click.Group) -> None:
         port: int | None,
     ) -> None:
         """Serve the Recovery Console: incidents, approvals, nodes, jobs and the audit trail;
-        the intake routes (Alertmanager, Slurm hooks), /metrics, and the notifier (when the
-        configuration names notify channels). With --cluster-config, one console serves
-        several clusters; the first (--config) gives the console's own settings."""
+        the intake routes (Alertmanager, Slurm hooks, health events), /metrics, and the
+        notifier (when the configuration names notify channels). With --cluster-config, one
+        console serves several clusters; the first (--config) gives the console's own settings.
+        `relaunch console token NAME --role ROLE` adds a token to its tokens file."""
+        if ctx.invoked_subcommand is not None:
+            return
         import uvicorn
 
         from relaunch.cli.incidents import _logging
@@ -125,3 +131,68 @@ def register(cli: click.Group) -> None:
         noun = "cluster" if not others else "clusters"
         click.echo(f"Relaunch console for {noun} {names}: http://{host}:{port}/", err=True)
         uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False)
+
+    @console_cmd.command("token")
+    @click.argument("name")
+    @click.option(
+        "--role",
+        type=click.Choice([r.value for r in ConsoleRole]),
+        required=True,
+        help="viewer, approver, admin (people) or intake (a machine that pushes signals in).",
+    )
+    @click.option(
+        "--scope",
+        "scopes",
+        multiple=True,
+        help="Limit the token to this cluster (repeatable; default: every cluster).",
+    )
+    @click.option(
+        "--trusted-health",
+        is_flag=True,
+        help="For an intake token: its node-health events (POST /intake/health) convict a "
+        "node, as the node's own kernel log does; without it they only point (docs/trust.md).",
+    )
+    @click.option(
+        "--tokens-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="The tokens file (default: the configuration's console.tokens_file).",
+    )
+    @config_options
+    def token_cmd(
+        name: str,
+        role: str,
+        scopes: tuple[str, ...],
+        trusted_health: bool,
+        tokens_file: Path | None,
+        config_path: Path | None,
+        cluster: str,
+        state_dir: Path,
+    ) -> None:
+        """Add a token named NAME to the console's tokens file and print it: the file keeps
+        only its SHA-256, so this is the one time it is shown. A running console reads the
+        file again when it changes."""
+        from relaunch.console.auth import add_token
+
+        try:
+            path = tokens_file or _tokens_file(load_config(config_path, cluster, state_dir))
+            token = add_token(
+                path,
+                name,
+                ConsoleRole(role),
+                clusters=list(scopes) or None,
+                trusted_health=trusted_health,
+            )
+        except RelaunchError as exc:
+            _fail(exc)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        trust = ", trusted with health events" if trusted_health else ""
+        click.echo(f"added {name} ({role}{trust}) to {path}", err=True)
+        click.echo(token)
+
+
+def _tokens_file(config: ClusterConfig) -> Path:
+    if not config.console.tokens_file:
+        raise click.UsageError("the configuration names no console.tokens_file: give --tokens-file")
+    return Path(config.console.tokens_file)

@@ -13,6 +13,7 @@ import click
 
 from relaunch.cli.exits import fail
 from relaunch.cli.incidents import config_options, load_config
+from relaunch.cli.nodes_history import by_node, history_cmd, outside_json, outside_text
 from relaunch.cli.terminal import printable
 from relaunch.connectors.audit import StoredEvent
 from relaunch.connectors.bundles import read_bundle
@@ -206,14 +207,18 @@ def register(cli: click.Group) -> None:
         state_dir: Path,
     ) -> None:
         """Node reputation and lifecycle: incidents that implicated each node in the window,
-        whether it is a repeat offender, and where its lifecycle stands (diagnosing,
-        escalated to repair, returned: docs/lifecycle.md). `relaunch nodes returned NODE`
-        says a node sent to repair is repaired."""
+        whether it is a repeat offender, where its lifecycle stands (diagnosing, escalated to
+        repair, returned: docs/lifecycle.md), and what other systems said of it (drains
+        Relaunch did not make, health events pushed in). `relaunch nodes history NODE` shows
+        one node's history; `relaunch nodes returned NODE` says a node sent to repair is
+        repaired."""
         if ctx.invoked_subcommand is not None:
             return
         from relaunch.connectors.audit import AuditStore, NodeReputation
 
-        async def go() -> tuple[int, float, list[NodeReputation], dict[str, StoredEvent]]:
+        async def go() -> tuple[
+            int, float, list[NodeReputation], dict[str, StoredEvent], list[StoredEvent]
+        ]:
             config = load_config(config_path, cluster, state_dir)
             policy = config.policy
             hours = window_hours or policy.repeat_offender_window_hours
@@ -222,14 +227,16 @@ def register(cli: click.Group) -> None:
                 since = datetime.now(UTC) - timedelta(hours=hours)
                 rows = await store.node_reputation(config.name, since)
                 stages = await store.node_stages(config.name)
+                outside = await store.outside_events(config.name, since)
             finally:
                 await store.close()
-            return policy.repeat_offender_incidents, hours, rows, stages
+            return policy.repeat_offender_incidents, hours, rows, stages, outside
 
         try:
-            threshold, hours, rows, stages = asyncio.run(go())
+            threshold, hours, rows, stages, outside_rows = asyncio.run(go())
         except RelaunchError as exc:
             fail(exc)
+        outside = by_node(outside_rows)
         listed = {row.node for row in rows}
         for row in rows:
             offender = row.incidents >= threshold
@@ -241,6 +248,7 @@ def register(cli: click.Group) -> None:
                             **row.model_dump(mode="json"),
                             "repeat_offender": offender,
                             **_lifecycle_json(stage),
+                            **_outside_json(outside.get(row.node, [])),
                         }
                     )
                 )
@@ -249,17 +257,30 @@ def register(cli: click.Group) -> None:
             click.echo(
                 f"{row.node:<14} {row.incidents:>3} incident(s) in {row.jobs} job(s)  "
                 f"last {row.last_at:%Y-%m-%d %H:%M}  {','.join(sorted(row.categories)):<24} "
-                f"{_lifecycle_text(stage)}{flag}"
+                f"{_lifecycle_text(stage)}{outside_text(outside.get(row.node, []))}{flag}"
             )
-        for node, stage in sorted(stages.items()):
-            if node in listed:
-                continue
+        for node in sorted((set(stages) | set(outside)) - listed):
+            stage, said = stages.get(node), outside.get(node, [])
             if as_json:
-                click.echo(json.dumps({"node": node, "incidents": 0, **_lifecycle_json(stage)}))
+                click.echo(
+                    json.dumps(
+                        {
+                            "node": node,
+                            "incidents": 0,
+                            **_lifecycle_json(stage),
+                            **_outside_json(said),
+                        }
+                    )
+                )
             else:
-                click.echo(f"{node:<14}   0 incident(s) in the window  {_lifecycle_text(stage)}")
-        if not rows and not stages and not as_json:
+                click.echo(
+                    f"{node:<14}   0 incident(s) in the window  "
+                    f"{_lifecycle_text(stage)}{outside_text(said)}"
+                )
+        if not rows and not stages and not outside and not as_json:
             click.echo(f"no node implicated in the last {hours:g} h")
+
+    nodes_cmd.add_command(history_cmd)
 
     @nodes_cmd.command("returned")
     @click.argument("node")
@@ -294,6 +315,10 @@ def register(cli: click.Group) -> None:
         except RelaunchError as exc:
             fail(exc)
         click.echo(f"{node}: repair reported to {lifecycle}; it validates the node now")
+
+
+def _outside_json(rows: list[StoredEvent]) -> dict[str, object]:
+    return {"outside": outside_json(rows)} if rows else {}
 
 
 def _lifecycle_json(stage: StoredEvent | None) -> dict[str, object]:

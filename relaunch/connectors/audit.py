@@ -22,9 +22,14 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field
 
 from relaunch.models.errors import RelaunchError
+from relaunch.models.intake import intake_incident
 from relaunch.models.recovery import AuditRecord
 
 ENSURED_MAX = 100_000
+
+
+# Rows about a node that came from outside Relaunch (AuditStore.outside_events).
+OUTSIDE_KINDS = ("health_event", "external_drain")
 
 
 class AuditUnavailableError(RelaunchError):
@@ -88,6 +93,17 @@ MIGRATIONS: list[tuple[int, str]] = [
         # row belongs to an incident); lists of recoveries read this view and leave it out.
         """
         create view recoveries as select * from incidents where id not like 'intake-%';
+        """,
+    ),
+    (
+        4,
+        # A cluster's audited mode changes (promotions, demotions) are recorded under one
+        # placeholder incident, `rollout-<cluster>`: not a recovery either. Plans are what the
+        # scorecard reads, by time.
+        """
+        create or replace view recoveries as select * from incidents
+            where id not like 'intake-%' and id not like 'rollout-%';
+        create index audit_events_plan_at on audit_events (at) where kind = 'plan';
         """,
     ),
 ]
@@ -219,6 +235,15 @@ class AuditStore:
 
     async def close(self) -> None:
         await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection for a read-side module that owns its SQL (the scorecard)."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise AuditUnavailableError("cannot reach the audit database") from exc
 
     async def ensure_incident(
         self, incident_id: str, cluster: str, job_id: str, attempt: int
@@ -534,3 +559,27 @@ class AuditStore:
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql, (cluster, since))
             return [NodeReputation.model_validate(row) for row in await cur.fetchall()]
+
+    async def outside_events(
+        self,
+        cluster: str,
+        since: datetime,
+        *,
+        kinds: Sequence[str] = OUTSIDE_KINDS,
+        nodes: Sequence[str] | None = None,
+        limit: int = 500,
+    ) -> list[StoredEvent]:
+        """What other systems said of ``cluster``'s nodes since ``since``, oldest first: health
+        events pushed in (``health_event``) and Slurm drains Relaunch did not make
+        (``external_drain``), recorded under ``intake-<cluster>``; only rows naming one of
+        ``nodes`` when given. The ``limit`` latest rows at most."""
+        async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                "select id, incident_id, kind, at, actor, stage, nodes, summary, data"
+                " from audit_events where incident_id = %s and kind = any(%s) and at >= %s"
+                " and (%s::text[] is null or nodes && %s::text[])"
+                " order by id desc limit %s",
+                (intake_incident(cluster), list(kinds), since, nodes, nodes, limit),
+            )
+            rows = [StoredEvent.model_validate(row) for row in await cur.fetchall()]
+        return rows[::-1]

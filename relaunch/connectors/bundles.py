@@ -9,7 +9,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from relaunch.models.bundle import Bundle, BundleJob, TelemetrySample
+from relaunch.models.bundle import (
+    HEALTH_FILE,
+    UNTRUSTED_HEALTH_FILE,
+    Bundle,
+    BundleJob,
+    HealthReport,
+    TelemetrySample,
+)
 from relaunch.models.errors import RelaunchError
 
 # A job log up to this size is held in memory as text; a bigger one is read from disk.
@@ -34,8 +41,10 @@ def write_bundle(
     job_log: str,
     node_logs: dict[str, str] | None = None,
     telemetry: list[TelemetrySample] | None = None,
+    health: list[HealthReport] | None = None,
 ) -> Path:
-    """Write (or overwrite, atomically per file) a bundle directory."""
+    """Write (or overwrite, atomically per file) a bundle directory. Health events go to
+    ``health.jsonl`` or ``health-untrusted.jsonl`` by their sender's trust."""
     _atomic_write(path / "job.json", job.model_dump_json(indent=2, exclude_none=True))
     _atomic_write(path / "logs" / "job.log", job_log)
     for node, text in (node_logs or {}).items():
@@ -45,7 +54,31 @@ def write_bundle(
             path / "telemetry.jsonl",
             "".join(s.model_dump_json(exclude_none=True) + "\n" for s in telemetry),
         )
+    for name, trusted in ((HEALTH_FILE, True), (UNTRUSTED_HEALTH_FILE, False)):
+        lines = [r for r in health or [] if r.trusted is trusted]
+        if lines:
+            _atomic_write(
+                path / name, "".join(r.model_dump_json(exclude_none=True) + "\n" for r in lines)
+            )
     return path
+
+
+def _read_health(path: Path) -> list[HealthReport]:
+    """Both health files; a line's trust is its file's, whatever the line says."""
+    out: list[HealthReport] = []
+    for name, trusted in ((HEALTH_FILE, True), (UNTRUSTED_HEALTH_FILE, False)):
+        file = path / name
+        if not file.is_file():
+            continue
+        for no, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                report = HealthReport.model_validate(json.loads(line))
+            except (ValueError, ValidationError) as exc:
+                raise BundleError(f"{file}:{no}: not a health event ({exc})") from exc
+            out.append(report.model_copy(update={"trusted": trusted}))
+    return out
 
 
 def read_bundle(path: Path) -> Bundle:
@@ -91,4 +124,5 @@ def read_bundle(path: Path) -> Bundle:
         job_log_file=job_log_file,
         node_logs=node_logs,
         telemetry=telemetry,
+        health=_read_health(path),
     )

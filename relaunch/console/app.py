@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaunch.console import (
     intake,
+    intake_health,
     metrics,
     routes_audit,
     routes_auth,
@@ -27,7 +28,9 @@ from relaunch.console import (
     routes_jobs,
     routes_nodes,
     routes_overview,
+    routes_scorecard,
 )
+from relaunch.console.api.routes import create_api
 from relaunch.console.auth import Sessions, TokensFileError, TokenStore
 from relaunch.console.background import Background
 from relaunch.console.live import Broadcaster
@@ -204,6 +207,8 @@ def create_app(
         ),
         Route("/jobs", routes_jobs.jobs_page),
         Route("/jobs/{job_id}", routes_jobs.job_page),
+        Route("/scorecard", routes_scorecard.scorecard_page),
+        Route("/scorecard/mode", routes_scorecard.change, methods=["POST"]),
         Route("/audit", routes_audit.audit_page),
         Route("/audit.json", routes_audit.audit_json),
         Route("/audit.csv", routes_audit.audit_csv),
@@ -213,7 +218,9 @@ def create_app(
         Route("/logout", routes_auth.logout, methods=["POST"]),
         Route("/healthz", lambda _: PlainTextResponse("ok")),
         *intake.routes(),
+        *intake_health.routes(),
         *metrics.routes(),
+        Mount("/api/v1", app=create_api(state)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

@@ -5,6 +5,8 @@ Only SHA-256 hashes of tokens are stored (the tokens file). A user signs in once
 gets a signed, HttpOnly, SameSite=Strict session cookie; scripts send ``Authorization: Bearer``.
 Every form POST of a cookie session carries a CSRF token bound to that session by an HMAC. A
 token may be limited to some clusters (``clusters``); without that field it sees every cluster.
+An intake token may be trusted with node-health events (``trusted_health``): what it sends
+then convicts a node like the node's own kernel log (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -12,12 +14,22 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import secrets
+import tempfile
+from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
-from pydantic import BaseModel, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.names import cluster_name
@@ -67,21 +79,39 @@ def _scope(value: list[str] | None) -> list[str] | None:
 
 
 class TokenEntry(BaseModel):
-    """One line of the tokens file: a name, a role, the SHA-256 of the token (hex), and the
-    clusters the token is limited to (absent: every cluster)."""
+    """One line of the tokens file: a name, a role, the SHA-256 of the token (hex), the
+    clusters the token is limited to (absent: every cluster), and, for an intake token,
+    whether its node-health events are trusted evidence (absent: they are not)."""
 
     name: str
     role: ConsoleRole
     sha256: str
     clusters: list[str] | None = None
+    trusted_health: bool = Field(
+        default=False,
+        description="an intake token's health events (POST /intake/health) convict a node, as "
+        "the node's own kernel log does; without it they may only point at one",
+    )
 
     @field_validator("clusters")
     @classmethod
     def _clusters(cls, value: list[str] | None) -> list[str] | None:
         return _scope(value)
 
+    @model_validator(mode="after")
+    def _intake_only(self) -> TokenEntry:
+        if self.trusted_health and self.role is not ConsoleRole.INTAKE:
+            raise ValueError(f"trusted_health is for intake tokens, not a {self.role.value}'s")
+        return self
+
     def user(self, sha256: str) -> User:
-        return User(name=self.name, role=self.role, sha256=sha256, clusters=self.clusters)
+        return User(
+            name=self.name,
+            role=self.role,
+            sha256=sha256,
+            clusters=self.clusters,
+            trusted_health=self.trusted_health,
+        )
 
 
 class User(BaseModel):
@@ -92,6 +122,7 @@ class User(BaseModel):
     role: ConsoleRole
     sha256: str
     clusters: list[str] | None = None
+    trusted_health: bool = False  # TokenEntry.trusted_health
 
     def can(self, needed: ConsoleRole) -> bool:
         return self.role.allows(needed)
@@ -148,7 +179,8 @@ class TokenStore:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise TokensFileError(
-                f"{self.path}: not a JSON list of {{name, role, sha256[, clusters]}}: "
+                f"{self.path}: not a JSON list of "
+                "{name, role, sha256[, clusters][, trusted_health]}: "
                 + (f"{where}: " if where else "")
                 + str(first["msg"]).removeprefix("Value error, ")
             ) from exc
@@ -179,25 +211,73 @@ def write_tokens(
     path: Path,
     users: list[tuple[str, ConsoleRole]],
     clusters: dict[str, list[str]] | None = None,
+    trusted_health: Collection[str] = (),
 ) -> dict[str, str]:
     """Create a tokens file for these (name, role) pairs; returns {name: plaintext token}.
 
     ``clusters`` limits the named users to those clusters; everyone else sees every cluster
-    (their lines carry no ``clusters`` field, as files written before scopes)."""
+    (their lines carry no ``clusters`` field, as files written before scopes). The intake
+    senders named in ``trusted_health`` are trusted with node-health events."""
     scopes = clusters or {}
-    unknown = set(scopes) - {name for name, _ in users}
+    unknown = (set(scopes) | set(trusted_health)) - {name for name, _ in users}
     if unknown:
-        raise ValueError(f"cluster scopes for users not in the list: {', '.join(sorted(unknown))}")
+        raise ValueError(f"settings for users not in the list: {', '.join(sorted(unknown))}")
     tokens = {name: new_token() for name, _ in users}
     entries = [
-        TokenEntry(
-            name=name, role=role, sha256=hash_token(tokens[name]), clusters=scopes.get(name)
-        ).model_dump(mode="json", exclude_none=True)
+        _line(
+            TokenEntry(
+                name=name,
+                role=role,
+                sha256=hash_token(tokens[name]),
+                clusters=scopes.get(name),
+                trusted_health=name in trusted_health,
+            )
+        )
         for name, role in users
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entries, indent=2) + "\n")
     return tokens
+
+
+def _line(entry: TokenEntry) -> dict[str, object]:
+    """A line of the tokens file: fields at their default are left out, as in files written
+    before they existed."""
+    return entry.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+
+
+def add_token(
+    path: Path,
+    name: str,
+    role: ConsoleRole,
+    *,
+    clusters: list[str] | None = None,
+    trusted_health: bool = False,
+) -> str:
+    """Add a token for ``name`` to the tokens file (created if missing; a name already in it
+    is refused) and return it in plain text: the file keeps its hash only. The console reads
+    the file again when it changes."""
+    entries = TokenStore(path).entries() if path.exists() else []
+    if any(e.name == name for e in entries):
+        raise ValueError(f"{path} already has a token named {name!r}")
+    token = new_token()
+    try:
+        entry = TokenEntry(
+            name=name,
+            role=role,
+            sha256=hash_token(token),
+            clusters=clusters,
+            trusted_health=trusted_health,
+        )
+    except ValidationError as exc:
+        raise ValueError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps([_line(e) for e in [*entries, entry]], indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+    return token
 
 
 class Sessions:

@@ -1,5 +1,6 @@
 """Signals pushed in: ``POST /intake/alertmanager``, ``POST /intake/slurm`` and the repair
-system's callback ``POST /intake/repair``.
+system's callback ``POST /intake/repair`` (node-health events, ``POST /intake/health``, are in
+intake_health.py, with the same helpers).
 
 Each request is addressed to one cluster the console serves (``?cluster=NAME``, or a Slurm
 event's ``cluster`` field; the primary cluster by default) and handled with that cluster's own
@@ -41,6 +42,7 @@ from relaunch.models.intake import (
     SlurmEventKind,
     SlurmHookEvent,
 )
+from relaunch.models.intake import intake_incident as intake_incident  # where intake rows go
 from relaunch.models.lifecycle import NoLifecycleError, RepairReturn
 from relaunch.models.names import cluster_name, node_name
 from relaunch.models.recovery import AuditRecord, Detection, DetectionSource
@@ -66,11 +68,6 @@ class Target(BaseModel):
 
     detection: Detection
     source_key: str
-
-
-def intake_incident(cluster: str) -> str:
-    """The audit record intake rows belong to (the trail's rows each name an incident)."""
-    return f"intake-{cluster}"
 
 
 def _refusal(exc: IntakeRefused) -> JSONResponse:
@@ -128,6 +125,18 @@ async def _json_body(request: Request) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise IntakeRefused(400, f"body is not valid JSON: {exc}", "body") from exc
+
+
+async def addressed(request: Request) -> tuple[Console, User, Cluster, Any]:
+    """What every intake of one event shape starts with: the sender's token checked, the JSON
+    body read, and the cluster it is for (its ``cluster`` field, else ``?cluster=``, else the
+    primary) checked against the token's scope; the body without ``cluster``. Raises
+    IntakeRefused."""
+    c = console(request)
+    user = _authorize(request, c)
+    raw = await _json_body(request)
+    named = raw.pop("cluster", None) if isinstance(raw, dict) else None
+    return c, user, _target(request, c, user, named), raw
 
 
 def _parse(model: type[BaseModel], raw: Any) -> Any:
@@ -189,6 +198,7 @@ async def _record(
     key: str | None,
     data: dict[str, object],
     nodes: list[str],
+    kind: str = "intake",
 ) -> bool:
     store = c.db.store
     incident = intake_incident(cl.name)
@@ -198,7 +208,7 @@ async def _record(
     return await store.record(
         AuditRecord(
             incident_id=incident,
-            kind="intake",
+            kind=kind,
             at=datetime.now(UTC),
             actor="intake",
             nodes=nodes,
@@ -365,12 +375,8 @@ async def alertmanager(request: Request) -> Response:
 
 
 async def slurm(request: Request) -> Response:
-    c = console(request)
     try:
-        user = _authorize(request, c)
-        raw = await _json_body(request)
-        named = raw.pop("cluster", None) if isinstance(raw, dict) else None
-        cl = _target(request, c, user, named)
+        c, user, cl, raw = await addressed(request)
         event: SlurmHookEvent = _parse(SlurmHookEvent, raw)
         if event.event is SlurmEventKind.JOB_END and event.job_id is None:
             raise IntakeRefused(422, "a job_end event needs job_id", "job_id")
@@ -496,12 +502,8 @@ def _parse_repair(raw: Any) -> RepairCallback:
 
 
 async def repair(request: Request) -> Response:
-    c = console(request)
     try:
-        user = _authorize(request, c)
-        raw = await _json_body(request)
-        named = raw.pop("cluster", None) if isinstance(raw, dict) else None
-        cl = _target(request, c, user, named)
+        c, user, cl, raw = await addressed(request)
         body = _parse_repair(raw)
     except IntakeRefused as exc:
         return _refusal(exc)

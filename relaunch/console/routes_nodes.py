@@ -1,8 +1,9 @@
 """Nodes of one served cluster (``?cluster=``): Slurm state, drain reason, who drained it and
 why, reputation, Resume (admin, only for nodes Relaunch drained, through that cluster's own
-scheduler), and each node's lifecycle (docs/lifecycle.md): its stage, the checks that ran with
+scheduler), each node's lifecycle (docs/lifecycle.md): its stage, the checks that ran with
 their output, and Approve / Reject for the step it waits for (approver, through that cluster's
-own Temporal decider, as the incident page and `relaunch approve`)."""
+own Temporal decider, as the incident page and `relaunch approve`), and what other systems said
+of it in the window: drains Relaunch did not make, health events pushed in."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import asyncio
 from datetime import UTC, datetime
 from urllib.parse import quote
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from relaunch.connectors.audit import NodeReputation
+from relaunch.connectors.audit import NodeReputation, StoredEvent
 from relaunch.console import kpis
 from relaunch.console.auth import ConsoleRole
 from relaunch.console.lifecycles import LIFECYCLE_KINDS, LifecycleView, lifecycle_views
@@ -34,6 +35,7 @@ from relaunch.console.web import (
     served_cluster,
 )
 from relaunch.models.errors import InvalidNameError, NodeNotFoundError, RelaunchError
+from relaunch.models.intake import history_nodes
 from relaunch.models.lifecycle import parse_lifecycle_id
 from relaunch.models.names import cluster_name
 from relaunch.models.recovery import DRAIN_REASON_PREFIX, AuditRecord
@@ -41,6 +43,8 @@ from relaunch.models.scheduler import Node
 
 SCHEDULER_TIMEOUT_S = 5.0
 REPUTATION_TTL_S = 15.0  # incidents per node over days: fresh enough, and not re-read per view
+OUTSIDE_SHOWN = 5  # a node's latest rows from outside Relaunch, on the page
+OUTSIDE_READ = 2000  # rows from outside Relaunch read for one page (the window's latest)
 
 
 class NodeView(BaseModel):
@@ -49,6 +53,7 @@ class NodeView(BaseModel):
     drain: NodeDrain | None
     reputation: NodeReputation | None
     lifecycle: LifecycleView | None = None
+    outside: list[StoredEvent] = Field(default_factory=list)  # from outside Relaunch, oldest first
 
     @property
     def drained_by_relaunch(self) -> bool:
@@ -66,10 +71,15 @@ def node_views(
     drains: dict[str, NodeDrain],
     reputation: list[NodeReputation],
     lifecycles: dict[str, LifecycleView] | None = None,
+    outside: list[StoredEvent] | None = None,
 ) -> list[NodeView]:
     rep = {r.node: r for r in reputation}
     life = lifecycles or {}
-    names = sorted({n.name for n in nodes} | set(drains) | set(rep) | set(life))
+    said: dict[str, list[StoredEvent]] = {}
+    for row in outside or []:
+        for name in history_nodes(row.nodes):
+            said.setdefault(name, []).append(row)
+    names = sorted({n.name for n in nodes} | set(drains) | set(rep) | set(life) | set(said))
     by_name = {n.name: n for n in nodes}
     return [
         NodeView(
@@ -78,6 +88,7 @@ def node_views(
             drain=drains.get(n),
             reputation=rep.get(n),
             lifecycle=life.get(n),
+            outside=said.get(n, [])[-OUTSIDE_SHOWN:],
         )
         for n in names
     ]
@@ -96,7 +107,7 @@ async def nodes_page(request: Request) -> Response:
     slurm_error: str | None = None
     if sched is None:
         slurm_error = "no scheduler configured for the console"
-    drains, reputation, stages = await asyncio.gather(
+    drains, reputation, stages, outside = await asyncio.gather(
         c.db.node_drains(cl.name),
         c.db.cached(
             ("reputation", cl.name, window),
@@ -104,6 +115,11 @@ async def nodes_page(request: Request) -> Response:
             lambda: c.db.reputation(cl.name, datetime.now(UTC) - span),
         ),
         c.db.node_stages(cl.name),
+        c.db.from_store(
+            lambda store: store.outside_events(
+                cl.name, datetime.now(UTC) - span, limit=OUTSIDE_READ
+            )
+        ),
     )
     # Each node's latest lifecycle: its latest checks and its pending step, in one statement.
     rows = await c.db.latest_rows([s.incident_id for s in stages.values()], LIFECYCLE_KINDS)
@@ -118,7 +134,7 @@ async def nodes_page(request: Request) -> Response:
         "nodes.html",
         auth,
         cluster=cl.name,
-        nodes=node_views(nodes, drains, reputation, lifecycles),
+        nodes=node_views(nodes, drains, reputation, lifecycles, outside),
         slurm_error=slurm_error,
         window=window,
         windows=list(kpis.WINDOWS),

@@ -24,11 +24,13 @@ Cascade, teardown and context lines never decide; they are folded into counts.
 
 Trust (docs/trust.md): every finding is trusted or job-controlled by where it was read. The
 job's output (``logs/job.log``) is job-controlled whatever it looks like; a node's kernel log,
-agent telemetry, Slurm's node states and Relaunch's own probes are trusted. Job-controlled
-evidence may name a culprit, but only trusted evidence corroborates it (``Verdict.corroboration``)
-and only a corroborated culprit is drained by default: the others are excluded from the job's
-restart. Printed banners that end a recovery count only for this job and never overrule a
-trusted hardware root.
+agent telemetry, Slurm's node states, Relaunch's own probes and the health events of senders
+whose console token is trusted with them (``health.jsonl``) are trusted; a health event of any
+other sender (``health-untrusted.jsonl``) may point, like the job's output, never convict.
+Job-controlled evidence may name a culprit, but only trusted evidence corroborates it
+(``Verdict.corroboration``) and only a corroborated culprit is drained by default: the others
+are excluded from the job's restart. Printed banners that end a recovery count only for this
+job and never overrule a trusted hardware root.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from relaunch.detection.findings import Finding, Findings, collect, line_hosts
+from relaunch.detection.health_events import untrusted_health_nodes
 from relaunch.detection.planning import default_action
 from relaunch.detection.signatures import Catalogue, Role, SignatureMatch
 from relaunch.detection.straggler import find_stragglers
 from relaunch.detection.xids import OUTCOMES, Bucket, Implicates, Outcome, Remedy, xid_table
-from relaunch.models.bundle import Bundle
+from relaunch.models.bundle import HEALTH_FILE, Bundle
 from relaunch.models.recovery import Action, Category, EvidenceLine, Verdict, XidEvidence
 
 NODE_CATEGORIES = frozenset({Category.GPU_HARDWARE, Category.NETWORK, Category.NODE_FAILURE})
@@ -67,6 +70,7 @@ KERNEL_LOG = "kernel_log"
 TELEMETRY = "telemetry"
 SLURM_NODE_STATE = "slurm_node_state"
 PROBE = "probe"
+HEALTH_EVENT = "health_event"
 REPUTATION = "reputation"
 # Findings of these categories on a node are a fault of that node when a trusted source has them.
 _CONVICTING = NODE_CATEGORIES | {Category.HANG}
@@ -106,8 +110,17 @@ def attribute_bundle(
         # A job's own output can be written to name any node: how sure the line is of its
         # node says nothing about whether the node is at fault.
         verdict.confidence = min(verdict.confidence, 0.7)
-        named = ", ".join(n for n, by in verdict.corroboration.items() if not by)
-        verdict.summary += f"; named only by the job's output: {named} (excluded, not drained)"
+        told = untrusted_health_nodes(verdict)
+        named = [n for n, by in verdict.corroboration.items() if not by]
+        if by_job := [n for n in named if n not in told]:
+            verdict.summary += (
+                f"; named only by the job's output: {', '.join(by_job)} (excluded, not drained)"
+            )
+        if by_sender := [n for n in named if n in told]:
+            verdict.summary += (
+                f"; named only by a health event of an untrusted sender: {', '.join(by_sender)}"
+                " (excluded, not drained)"
+            )
     return verdict
 
 
@@ -118,13 +131,16 @@ def trusted_source(path: str) -> str | None:
         return KERNEL_LOG
     if path.startswith("telemetry"):
         return TELEMETRY
+    if path == HEALTH_FILE:  # a sender whose token is trusted with health events
+        return HEALTH_EVENT
     return None
 
 
 def corroborate(bundle: Bundle, found: Findings, verdict: Verdict) -> dict[str, list[str]]:
-    """Each culprit's trusted sources: a fault the node's kernel log or telemetry reports on it
-    during the job, Slurm listing it down, Relaunch's probe getting no answer, or (for a repeat
-    offender) its record of incidents with trusted evidence. [] = named by the job alone."""
+    """Each culprit's trusted sources: a fault the node's kernel log, telemetry or a trusted
+    sender's health event reports on it during the job, Slurm listing it down, Relaunch's probe
+    getting no answer, or (for a repeat offender) its record of incidents with trusted
+    evidence. [] = named by the job alone."""
     job = bundle.job
     out: dict[str, list[str]] = {}
     for node in verdict.culprit_nodes:
@@ -168,8 +184,11 @@ def implicated(verdict: Verdict, bundle: Bundle) -> list[str]:
 
 
 def suspects(verdict: Verdict) -> list[str]:
-    """Culprits named by job-controlled evidence alone (what other users' jobs may confirm)."""
-    return sorted(n for n, sources in verdict.corroboration.items() if not sources)
+    """Culprits named by job-controlled evidence alone (what other users' jobs may confirm).
+    A node an untrusted sender's health event names is not one: that sender is not the job's
+    user, and may name nodes under the jobs of any number of users."""
+    told = untrusted_health_nodes(verdict)
+    return sorted(n for n, by in verdict.corroboration.items() if not by and n not in told)
 
 
 def _decide(bundle: Bundle, found: Findings) -> Verdict:
@@ -344,7 +363,7 @@ def _base_id(job_id: str) -> str:
 
 def _confidence(f: Finding, bundle: Bundle) -> float:
     """How sure the node behind one finding is, by where the node came from."""
-    if f.path.startswith(("nodes/", "telemetry")):
+    if trusted_source(f.path):
         return 0.95
     if f.match.host:
         return 0.9

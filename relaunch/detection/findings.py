@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import BinaryIO
 
+from relaunch.detection.health_events import health_matches, health_path
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.signatures import (
     MAX_LINE,
@@ -186,6 +187,14 @@ def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
     for finding in telemetry_findings(bundle.telemetry, catalogue, job.nodes):
         stale = floor is not None and finding.time is not None and finding.time < floor
         (out.stale if stale else out.items).append(finding)
+    for no, report in enumerate(bundle.health, 1):
+        named = normalise_host(report.node, job.nodes)
+        for m in health_matches(report, no, catalogue):
+            finding = Finding(
+                m, health_path(report), named[0] if len(named) == 1 else None, m.timestamp
+            )
+            stale = floor is not None and finding.time is not None and finding.time < floor
+            (out.stale if stale else out.items).append(finding)
     out.items = _network_links(out.items, addresses, job.nodes)
     return out
 

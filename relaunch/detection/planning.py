@@ -12,6 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from relaunch.detection.health_events import untrusted_health_nodes
 from relaunch.models.recovery import (
     RELAUNCH_REASONS,
     RESTARTING,
@@ -153,10 +154,16 @@ def make_plan(
             f"{', '.join(by_users)} named by the jobs of {policy.suspect_users}+ different "
             f"users in {policy.suspect_window_hours:g} h: corroborated"
         )
-    if suspects and action is Action.EXCLUDE_AND_RESTART:
+    told = untrusted_health_nodes(verdict)
+    if (by_job := [n for n in suspects if n not in told]) and action is Action.EXCLUDE_AND_RESTART:
         reasons.append(
-            f"{', '.join(suspects)} named only by the job's output (no trusted source confirms "
+            f"{', '.join(by_job)} named only by the job's output (no trusted source confirms "
             "it): excluded from this job's restart, suspect, not drained"
+        )
+    if (by_sender := [n for n in suspects if n in told]) and action is Action.EXCLUDE_AND_RESTART:
+        reasons.append(
+            f"{', '.join(by_sender)} named only by a health event of a sender not trusted with "
+            "them (no trusted source confirms it): excluded from this job's restart, not drained"
         )
 
     if verdict.category is Category.UNKNOWN and history.previous_unknown:

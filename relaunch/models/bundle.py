@@ -1,7 +1,8 @@
 """The incident bundle: everything known about one interruption (the design's format).
 
-A directory holding ``job.json``, ``logs/job.log``, optional ``nodes/<node>.log`` and optional
-``telemetry.jsonl``. `gather_evidence` writes it, `relaunch classify` and attribution read it.
+A directory holding ``job.json``, ``logs/job.log``, optional ``nodes/<node>.log``, optional
+``telemetry.jsonl`` and optional ``health.jsonl`` / ``health-untrusted.jsonl`` (node-health events
+other systems pushed in). `gather_evidence` writes it, `relaunch classify` and attribution read it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,45 @@ class TelemetrySample(BaseModel):
     message: str | None = Field(default=None, description="the kernel line, as printed")
 
 
+# The files of a bundle's health events: the file, not the line, says whether its sender may
+# convict a node (docs/trust.md).
+HEALTH_FILE = "health.jsonl"
+UNTRUSTED_HEALTH_FILE = "health-untrusted.jsonl"
+
+
+class HealthReport(BaseModel):
+    """A node-health event another system pushed in (``POST /intake/health``: NVSentinel's
+    HealthEvent or the generic shape), as the console read it; one line of a bundle's
+    ``health.jsonl`` (senders whose token is trusted with health events) or
+    ``health-untrusted.jsonl`` (the others). Every field is bounded by the intake's parsing
+    (relaunch/models/intake.py)."""
+
+    node: str
+    time: datetime | None = Field(default=None, description="when the sender says it happened")
+    component: str = Field(default="", description="GPU, NVSWITCH, NIC, CPU, ... as sent")
+    check: str = Field(default="", description="the sender's check (NVSentinel's checkName)")
+    error_codes: list[str] = Field(default_factory=list, description="e.g. ['79'] for an Xid")
+    recommended_action: str = Field(
+        default="NONE", description="NVSentinel's RecommendedAction name: RESTART_BM, ..."
+    )
+    is_fatal: bool = False
+    is_healthy: bool = False
+    message: str = ""
+    journal: str = Field(
+        default="",
+        description="the kernel line the sender read, where it says (NVSentinel's "
+        "metadata JOURNAL_MESSAGE)",
+    )
+    entities: list[str] = Field(
+        default_factory=list, description="what it impacts, TYPE:value (PCI:0000:17:00.0)"
+    )
+    source: str = Field(default="", description="the sending system and agent, as it says")
+    sender: str = Field(default="", description="the name of the console token that sent it")
+    trusted: bool = Field(
+        default=False, description="the token is trusted with health events: the event convicts"
+    )
+
+
 class Bundle(BaseModel):
     """A loaded bundle, held in memory for attribution."""
 
@@ -111,3 +151,4 @@ class Bundle(BaseModel):
     )
     node_logs: dict[str, str] = Field(default_factory=dict)
     telemetry: list[TelemetrySample] = Field(default_factory=list)
+    health: list[HealthReport] = Field(default_factory=list)

@@ -60,6 +60,10 @@ class DetectionSource(StrEnum):
     PROGRESS = "progress"
     TELEMETRY = "telemetry"
     PROBE = "probe"  # the watcher's liveness probe of a node's slurmd (trusted: outside the job)
+    # A node-health event pushed in (POST /intake/health) by a sender whose console token is
+    # trusted with them; the same from any other intake sender points, never convicts.
+    HEALTH_EVENT = "health_event"
+    UNTRUSTED_HEALTH_EVENT = "health_event_untrusted"
 
 
 class Detection(BaseModel):
@@ -228,11 +232,25 @@ class Policy(BaseModel):
         description="distinct users whose jobs must suspect a node before suspicion convicts it",
     )
     suspect_window_hours: float = Field(default=24.0, gt=0)
+    canary_partition: str | None = Field(
+        default=None,
+        description="the default mode applies on this partition only; every other partition "
+        "runs in monitor mode unless its own mode or its category's says otherwise (a staged "
+        "rollout: `mode: autonomous` with a canary acts alone there while the rest ask)",
+    )
 
     def mode_for(self, partition: str, category: Category) -> Mode:
         if category in self.category_modes:
             return self.category_modes[category]
-        return self.partition_modes.get(partition, self.mode)
+        if partition in self.partition_modes:
+            return self.partition_modes[partition]
+        return self.default_mode_on(partition)
+
+    def default_mode_on(self, partition: str) -> Mode:
+        """The default mode where nothing more specific is set: the canary narrows it."""
+        if self.canary_partition is not None and partition != self.canary_partition:
+            return Mode.MONITOR
+        return self.mode
 
     def acts_alone(self, partitions: list[str], category: Category) -> bool:
         """Whether a node decision over jobs of ``partitions`` acts without a person: only
@@ -282,6 +300,7 @@ TRUSTED_DETECTION_SOURCES = frozenset(
         DetectionSource.PROBE,
         DetectionSource.TELEMETRY,
         DetectionSource.SCHEDULER,
+        DetectionSource.HEALTH_EVENT,
     }
 )
 

@@ -34,6 +34,8 @@ Choices worth knowing:
 - A node that failed by trusted evidence is also reported to its node decision, and the later
   signs of an interruption already handed over are held and handed over together:
   relaunch/workers/watch_handover.py.
+- Drains of watched jobs' nodes that Relaunch did not make (NHC, an admin) are read back from
+  the poll's node listing and recorded once each: relaunch/workers/watch_drains.py.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from relaunch.models.scheduler import (
     NodeState,
     watched,
 )
+from relaunch.workers.watch_drains import DrainRecorder, ExternalDrains
 from relaunch.workers.watch_handover import (
     REPORT_LEAD_S,
     REPORT_SEND_S,
@@ -172,6 +175,7 @@ class Watcher:
         on_node_report: NodeReportHandler | None = None,
         report_acts_alone: Callable[[NodeReport], bool] | None = None,
         on_follow_ups: FollowUpHandler | None = None,
+        on_external_drains: DrainRecorder | None = None,
     ) -> None:
         self.config = config
         self.stats = WatchStats()
@@ -184,6 +188,7 @@ class Watcher:
         self._jobs: dict[str, JobWatch] = {}
         self._reports = NodeReports(on_node_report, self._running_on, report_acts_alone)
         self._nodes: dict[str, NodeFeed] = {}
+        self._drains = ExternalDrains(config.cluster, on_external_drains)
         self._pass = 0
         # Held through a pass (a poll's or a log read's): a pass may wait for the node reports
         # it found to go out, and no other pass may start meanwhile (each node's feed is read
@@ -221,6 +226,7 @@ class Watcher:
         if self._reports.deferring(started) or any(job.state is JobState.RUNNING for job in jobs):
             nodes = {node.name: node for node in await self._scheduler.list_nodes()}
             self._reports.nodes_seen({name for name, node in nodes.items() if node.drain_flag})
+            self._drains.observe(jobs, nodes, wall, time.monotonic())
         found: list[Detection] = []
         async with self._pass_lock:
             self._pass += 1
@@ -374,6 +380,7 @@ class Watcher:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
             await self._reports.wait(timeout=10)
+            await self._drains.wait(timeout=5)
             found.set()  # a last handover of what is pending, then stop
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(handover, timeout=10)

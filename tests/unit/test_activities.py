@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -17,9 +17,10 @@ from temporalio.testing import ActivityEnvironment
 
 from relaunch.activities.actions import ActionActivities
 from relaunch.activities.deps import Deps
-from relaunch.connectors.audit import AuditStore, StoredEvent
+from relaunch.connectors.audit import OUTSIDE_KINDS, AuditStore, StoredEvent
 from relaunch.connectors.slurm.base import Scheduler
 from relaunch.models.config import ClusterConfig
+from relaunch.models.intake import intake_incident
 from relaunch.models.recovery import (
     ActInput,
     Action,
@@ -81,6 +82,25 @@ class MemoryAudit:
 
     def kinds(self, kind: str) -> list[StoredEvent]:
         return [r for r in self.rows if r.kind == kind]
+
+    async def outside_events(
+        self,
+        cluster: str,
+        since: datetime,
+        *,
+        kinds: Sequence[str] = OUTSIDE_KINDS,
+        nodes: Sequence[str] | None = None,
+        limit: int = 500,
+    ) -> list[StoredEvent]:
+        rows = [
+            r
+            for r in self.rows
+            if r.incident_id == intake_incident(cluster)
+            and r.kind in kinds
+            and r.at >= since
+            and (nodes is None or set(r.nodes) & set(nodes))
+        ]
+        return rows[-limit:]
 
 
 def cluster(*jobs: Job) -> FakeScheduler:
