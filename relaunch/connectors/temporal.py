@@ -4,12 +4,12 @@ watcher, the command line and the console."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
 from pydantic import BaseModel
-from temporalio.client import Client
+from temporalio.client import Client, Interceptor
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -65,7 +65,9 @@ def tls_config(settings: TemporalTlsSettings | None) -> TLSConfig | bool:
     )
 
 
-async def connect(config: ClusterConfig) -> Client:
+async def connect(config: ClusterConfig, interceptors: Sequence[Interceptor] = ()) -> Client:
+    """The client; ``interceptors`` (the worker's and the watcher's tracing) also apply to the
+    workers built on it."""
     tls = tls_config(config.temporal_tls)  # an unreadable file is a config error, not retried
     try:
         return await Client.connect(
@@ -73,6 +75,7 @@ async def connect(config: ClusterConfig) -> Client:
             namespace=config.temporal_namespace,
             data_converter=pydantic_data_converter,
             tls=tls,
+            interceptors=interceptors,
         )
     except RuntimeError as exc:  # the SDK's "Failed client connect"
         raise TemporalUnavailableError(

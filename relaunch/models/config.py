@@ -13,6 +13,8 @@ from relaunch.models.lifecycle import LifecycleSettings
 from relaunch.models.logstore import LogStoreSettings
 from relaunch.models.notify import NotifySettings
 from relaunch.models.recovery import Policy
+from relaunch.models.rollout import RolloutSettings
+from relaunch.models.tracing import TracingSettings
 
 
 class ProbeMethod(StrEnum):
@@ -230,6 +232,16 @@ class ClusterConfig(BaseModel):
         default_factory=LifecycleSettings,
         description="what happens to a node Relaunch drains: checks, the remediation ladder, "
         "repair (docs/lifecycle.md)",
+    )
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings,
+        description="OpenTelemetry traces of each recovery over OTLP/HTTP (docs/tracing.md); "
+        "unset endpoint: off",
+    )
+    rollout: RolloutSettings = Field(
+        default_factory=RolloutSettings,
+        description="how the scorecard judges recommendations and when it suggests promoting a "
+        "category or partition to autonomous (docs/autonomy.md)",
     )
 
     @property

@@ -14,11 +14,14 @@ from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
 from relaunch.connectors.temporal import NodeDecisionSignals, connect
+from relaunch.connectors.tracing import node_report_span, start_tracing
 from relaunch.models.config import ClusterConfig, ProbeMethod
 from relaunch.models.errors import RelaunchError
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, RestartMethod
 from relaunch.models.scheduler import Job, Node
+from relaunch.models.tracing import ATTR_INCIDENT
+from relaunch.workers.watch_drains import AuditDrainRecorder
 from relaunch.workers.watcher import WatchConfig, Watcher
 from relaunch.workflows import recovery_client
 
@@ -60,7 +63,8 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
 
 async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) -> None:
     scheduler = slurm_scheduler(config)  # reads the slurmrestd JWT key, if any, now
-    client = await connect(config)
+    tracing = start_tracing(config, "watch")
+    client = await connect(config, tracing.interceptors)
 
     async def on_detection(det: Detection) -> None:
         started = await recovery_client.start_or_join(client, config, det)
@@ -76,9 +80,11 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     signals = NodeDecisionSignals(client)
 
     async def on_node_report(report: NodeReport) -> bool:
-        decision, started = await signals.send_and_say(
-            config.name, report.node, config.policy, "report", report
-        )
+        with node_report_span(config.name, report.node) as span:
+            decision, started = await signals.send_and_say(
+                config.name, report.node, config.policy, "report", report
+            )
+            span.set_attribute(ATTR_INCIDENT, decision)
         log.info(
             "reported node %s to %s%s: %s",
             report.node,
@@ -103,6 +109,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     # Only where node decisions run at all (see planning.node_decision_nodes).
     reports = policy.node_decisions and policy.restart_method is RestartMethod.REQUEUE
     probe_runner, liveness = await liveness_monitor(config)
+    drains = AuditDrainRecorder(config.database_url)  # external drains: watch_drains.py
     watcher = Watcher(
         watch_config(config),
         BriefSchedulerView(scheduler),
@@ -111,6 +118,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
         on_node_report=on_node_report if reports else None,
         report_acts_alone=lambda report: policy.acts_alone(report.partitions, report.category),
         on_follow_ups=on_follow_ups,
+        on_external_drains=drains,
     )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -121,10 +129,12 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
         await watcher.run(stop)
     finally:
         await close_scheduler(scheduler)
+        await drains.close()
         if liveness is not None:
             await liveness.prober.close()
         if probe_runner is not None:
             await probe_runner.close()
+        tracing.shutdown()
 
 
 async def liveness_monitor(

@@ -25,6 +25,7 @@ from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.logstores import open_log_store
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.temporal import connect
+from relaunch.connectors.tracing import start_tracing
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.config import ClusterConfig
 from relaunch.models.node_decision import node_task_queue
@@ -42,9 +43,11 @@ WORKFLOWS = [RecoveryWorkflow, NodeDecisionWorkflow, NodeLifecycleWorkflow]
 # profile of a 500-job burst: 12 % of the worker's CPU, most of it compiling source). Relaunch's
 # own modules are passed through instead: imported once per process. They keep no mutable
 # global state a workflow could see, and every workflow change is still checked by replaying
-# the committed histories (tests/unit/test_replay.py) against this same runner.
+# the committed histories (tests/unit/test_replay.py) against this same runner. OpenTelemetry
+# is passed through for the tracing interceptor's workflow side (docs/tracing.md): a workflow's
+# spans must see the process's one context and provider, not a copy the sandbox imported.
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules("relaunch")
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("relaunch", "opentelemetry")
 )
 
 
@@ -102,7 +105,8 @@ async def run_worker(config: ClusterConfig) -> None:
     scheduler = slurm_scheduler(config)  # reads the slurmrestd JWT key, if any, now
     # Compile the signature catalogue now (about 2 s with hyperscan), not in the first recovery.
     await asyncio.to_thread(Catalogue.load)
-    client = await connect(config)
+    tracing = start_tracing(config, "worker")  # a missing headers variable fails here too
+    client = await connect(config, tracing.interceptors)
     audit = await AuditStore.open(config.database_url)
     deps = Deps(
         config=config, scheduler=scheduler, audit=audit, log_store=log_store, temporal=client
@@ -128,3 +132,4 @@ async def run_worker(config: ClusterConfig) -> None:
         await close_scheduler(scheduler)
         if log_store is not None:
             await log_store.aclose()
+        tracing.shutdown()  # last: the spans of the activities that just finished

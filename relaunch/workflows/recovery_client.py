@@ -14,6 +14,7 @@ import contextlib
 import re
 from datetime import UTC, datetime, timedelta
 
+from opentelemetry import trace
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -26,6 +27,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from relaunch.connectors import tracing
 from relaunch.models import search_attributes as sa
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
@@ -108,17 +110,17 @@ async def start_or_join(client: Client, config: ClusterConfig, det: Detection) -
     (completed, or stopped by a person): it is never started again, and the late detection is
     dropped. A recovery whose workflow failed (it never reached a terminal stage) is started
     again under the same id."""
-    return await _signal_with_start(client, config, det, "detection", det)
+    return await _signal_with_start(client, config, det, "detection", det, 1)
 
 
 async def hand_over(client: Client, config: ClusterConfig, dets: list[Detection]) -> bool:
     """Signal the job attempt's recovery with several later detections of it at once (signal
     `detections`), as :func:`start_or_join` does with one."""
-    return await _signal_with_start(client, config, dets[0], "detections", dets)
+    return await _signal_with_start(client, config, dets[0], "detections", dets, len(dets))
 
 
 async def _signal_with_start(
-    client: Client, config: ClusterConfig, det: Detection, signal: str, arg: object
+    client: Client, config: ClusterConfig, det: Detection, signal: str, arg: object, count: int
 ) -> bool:
     workflow_id, latest = await recovery_for(client, det)
     if (
@@ -127,27 +129,42 @@ async def _signal_with_start(
         and latest.status not in RESTARTABLE
     ):
         return False
+    memo: dict[str, object] = {SUBMITTED_MEMO: _epoch(det.submitted_at)} if det.submitted_at else {}
+    starts = latest is None or latest.status is not WorkflowExecutionStatus.RUNNING
+    if latest is None or starts:
+        span = tracing.recovery_span(workflow_id, det)
+        memo.update(tracing.trace_memo(span))
+    else:
+        span = await tracing.follow_up_span(latest, workflow_id, det, count)
     try:
-        await client.start_workflow(
-            RecoveryWorkflow.run,
-            RecoveryInput(
-                cluster=config.name,
-                job_id=det.job_id,
-                attempt=det.attempt,
-                policy=config.policy,
-                incident_id=workflow_id,
-            ),
-            id=workflow_id,
-            task_queue=task_queue(config.name),
-            start_signal=signal,
-            start_signal_args=[arg],
-            # The server's own guard for a run that completed between the look above and now.
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-            memo={SUBMITTED_MEMO: _epoch(det.submitted_at)} if det.submitted_at else None,
-            static_summary=f"recovery of job {det.job_id} attempt {det.attempt}: {det.kind}",
-        )
+        with trace.use_span(span, end_on_exit=False):
+            handle = await client.start_workflow(
+                RecoveryWorkflow.run,
+                RecoveryInput(
+                    cluster=config.name,
+                    job_id=det.job_id,
+                    attempt=det.attempt,
+                    policy=config.policy,
+                    incident_id=workflow_id,
+                ),
+                id=workflow_id,
+                task_queue=task_queue(config.name),
+                start_signal=signal,
+                start_signal_args=[arg],
+                # The server's own guard for a run that completed between the look above and now.
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                memo=memo or None,
+                static_summary=f"recovery of job {det.job_id} attempt {det.attempt}: {det.kind}",
+            )
     except WorkflowAlreadyStartedError:
         return False
+    finally:
+        if not starts:
+            span.end()  # a follow-up's span is no root: sent whatever became of the signal
+    if starts and tracing.started_run(handle):
+        # The root is sent only when this signal started the recovery's run: a sender that
+        # lost a race, or whose signal failed, leaves its root unsent (docs/tracing.md).
+        span.end()
     return True
 
 
