@@ -22,7 +22,8 @@ from relaunch.connectors.logstores import LogStore
 from relaunch.connectors.slurm.base import Scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import AuditRecord, GuardDecision
+from relaunch.models.recovery import AuditRecord, GuardDecision, Policy
+from relaunch.rollout.policy import PolicyCache
 
 log = logging.getLogger("relaunch.activities")
 
@@ -40,6 +41,14 @@ class Deps:
     # (signal-with-start; a workflow cannot signal-with-start another).
     temporal: Client | None = None
     _prober: Prober | None = field(default=None, init=False, repr=False)
+    _policies: PolicyCache | None = field(default=None, init=False, repr=False)
+
+    async def policy(self, base: Policy) -> Policy:
+        """The policy to plan by: ``base`` (the recovery's, from the configuration) with the
+        cluster's audited mode changes over it (promotions, demotions: `relaunch rollout`)."""
+        if self._policies is None:
+            self._policies = PolicyCache(self.audit, self.config.name)
+        return await self._policies.apply(base)
 
     def prober(self) -> Prober:
         """The node liveness prober (made on first use: a raw socket, or the SSH host's). One

@@ -117,6 +117,7 @@ class NodeActivities:
         nodes = node_decision_nodes(inp.verdict, inp.evidence, inp.policy)
         if not nodes:
             return Joined()
+        policy = await self.deps.policy(inp.policy)
         client = self.deps.temporal
         if client is None:
             raise SchedulerError("this worker has no Temporal client to join node decisions")
@@ -132,7 +133,7 @@ class NodeActivities:
             summary=verdict.summary[:500],
             exclude_nodes=sorted(set(verdict.culprit_nodes) & set(job.nodes)),
             requeue_by=nodes[0],
-            mode=inp.policy.mode_for(job.partition, verdict.category),
+            mode=policy.mode_for(job.partition, verdict.category),
         )
         joined: dict[str, str] = {}
         for node in nodes:
@@ -393,7 +394,8 @@ class NodeActivities:
     async def _conviction(self, inp: NodePlanInput, node: Node | None) -> Conviction | None:
         """What convicts the node: the first job's verdict, or the watcher's report confirmed by
         a fresh probe (None, with a `node_report` row saying why, when the node answers)."""
-        first, report, policy = inp.first, inp.report, inp.policy
+        first, report = inp.first, inp.report
+        policy = await self.deps.policy(inp.policy)
         if first is not None:
             return Conviction(
                 reason=f"{first.category.value} on {inp.node}, convicted by trusted evidence in "

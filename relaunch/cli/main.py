@@ -370,11 +370,13 @@ def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
 
 from relaunch.cli import console as console_commands  # noqa: E402
 from relaunch.cli import incidents as incident_commands  # noqa: E402
+from relaunch.cli import rollout as rollout_commands  # noqa: E402
 from relaunch.cli import verdicts as verdict_commands  # noqa: E402
 
 incident_commands.register(cli)
 verdict_commands.register(cli)
 console_commands.register(cli)
+rollout_commands.register(cli)
 
 from relaunch.workers import agent as agent_command  # noqa: E402
 

@@ -4,6 +4,7 @@ Counts come from the trail, not from process memory, so they survive restarts an
 the console's pages. One SQL statement answers every series (aggregates only: the scrape's cost
 grows with the trail's size, not with the number of series), plus the process's own metrics.
 A token limited to some clusters scrapes the series of those clusters' incidents only.
+The scorecard's series (each served cluster's, from its own query) are in scorecard_metrics.py.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from starlette.routing import Route
 
 from relaunch.console.auth import ConsoleRole
 from relaunch.console.queries import ConsoleDb
+from relaunch.console.scorecard_metrics import ScorecardCollector, scorecards
 from relaunch.console.web import authenticate, console, require
+from relaunch.models.config import ClusterConfig
 from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -200,12 +203,19 @@ for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
 SNAPSHOT_TTL_S = 5.0  # several scrapers (HA Prometheus pairs) share one query
 
 
-async def render(db: ConsoleDb, clusters: list[str] | None = None) -> bytes:
+async def render(
+    db: ConsoleDb,
+    clusters: list[str] | None = None,
+    configs: Sequence[ClusterConfig] = (),
+) -> bytes:
+    """The audit trail's series for ``clusters`` (None: every cluster), and the scorecards of
+    the served clusters in ``configs``."""
     key = ("metrics",) if clusters is None else ("metrics", tuple(clusters))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(
         AuditCollector(await db.cached(key, SNAPSHOT_TTL_S, lambda: snapshot(db, clusters)))
     )
+    registry.register(ScorecardCollector(await scorecards(db, configs)))
     return generate_latest(registry) + generate_latest(_PROCESS)
 
 
@@ -216,7 +226,9 @@ async def metrics(request: Request) -> Response:
             "a viewer token is required", 401, headers={"www-authenticate": "Bearer"}
         )
     auth = require(request, ConsoleRole.VIEWER)
-    body = await render(console(request).db, auth.user.clusters)
+    c = console(request)
+    configs = [cl.config for cl in c.served_for(auth.user)]
+    body = await render(c.db, auth.user.clusters, configs)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -258,7 +258,7 @@ async def require_post(request: Request, role: ConsoleRole) -> tuple[Auth, dict[
     return auth, fields
 
 
-_FILTERED_PAGES = ("/", "/jobs", "/nodes", "/audit")
+_FILTERED_PAGES = ("/", "/jobs", "/nodes", "/audit", "/scorecard")
 
 
 def cluster_nav(request: Request, auth: Auth) -> list[dict[str, Any]]:
@@ -273,7 +273,8 @@ def cluster_nav(request: Request, auth: Auth) -> list[dict[str, Any]]:
     current = request.query_params.get("cluster", "") if path in _FILTERED_PAGES else ""
     if base == "/nodes" and not current:
         current = names[0]  # the nodes page shows one cluster: the first the user sees
-    keep = {k: v for k, v in request.query_params.items() if k == "window" and base == path}
+    kept = ("window", "since") if base == "/scorecard" else ("window",)
+    keep = {k: v for k, v in request.query_params.items() if k in kept and base == path}
     links = [] if base == "/nodes" else [{"name": "all", "href": base, "active": not current}]
     for name in names:
         query = urlencode({**keep, "cluster": name})

@@ -92,6 +92,9 @@ def write_conf(layout: SlurmLayout) -> None:
     if layout.max_job_count is not None:
         extra += f"MaxJobCount={layout.max_job_count}\nMaxArraySize={layout.max_job_count}\n"
     partitions = f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP"
+    # A second partition over the same nodes: where a canary rollout acts alone while debug
+    # still asks (tests/integration/test_rollout.py).
+    partitions += f"\nPartitionName=batch Nodes={node_list} MaxTime=INFINITE State=UP"
     if layout.preemption:
         # Real partition-priority preemption: a job in `urgent` requeues `debug` jobs it needs.
         extra += "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"

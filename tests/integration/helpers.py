@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from typing import Any
+
+from temporalio.client import Client
 
 from relaunch.connectors.slurm.commands import SlurmCli
+from relaunch.devstack import faults
+from relaunch.devstack.slurm import start_daemons
+from relaunch.models.lifecycle import reservation_name
 from relaunch.models.scheduler import Job, JobState
 
 TRAIN_SCRIPT = """#!/bin/bash
@@ -27,3 +34,21 @@ async def wait_job(sched: SlurmCli, job_id: str, state: JobState, timeout: float
         await asyncio.sleep(0.3)
         job = await sched.get_job(job_id)
     return job
+
+
+async def restore_lifecycles(home: Any, sched: SlurmCli, name: str, client: Client) -> None:
+    """Leave a cluster whose node lifecycles ran as found: the harness cluster's lifecycles
+    ended, reservations gone, GPU-fault markers removed, slurmds back, nodes resumed."""
+    async for wf in client.list_workflows(
+        f'WorkflowType="NodeLifecycleWorkflow" AND RelaunchCluster="{name}" AND '
+        'ExecutionStatus="Running"'
+    ):
+        with contextlib.suppress(Exception):
+            await client.get_workflow_handle(wf.id).terminate("test over")
+    start_daemons(home.slurm)
+    maint = sched.maintenance()
+    for node in home.slurm.nodes:
+        faults.clear_gpu_fault(home.root / "nodes" / node)
+        await maint.unreserve_node(reservation_name(node))
+        with contextlib.suppress(Exception):
+            await sched.resume_node(node)

@@ -16,7 +16,6 @@ validates it, and:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
@@ -36,7 +35,6 @@ from relaunch.activities.deps import Deps
 from relaunch.activities.lifecycle import LifecycleActivities
 from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.devstack import faults
-from relaunch.devstack.slurm import start_daemons
 from relaunch.devstack.stack import Stack
 from relaunch.models.lifecycle import (
     LifecycleSettings,
@@ -51,6 +49,7 @@ from relaunch.models.recovery import Mode, Policy
 from tests.conftest import sbatch
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import REPO
+from tests.integration.helpers import restore_lifecycles
 from tests.integration.serve import serve
 
 pytestmark = pytest.mark.xdist_group("lifecycle")
@@ -119,7 +118,7 @@ async def test_drained_nodes_are_checked_remediated_returned_or_sent_to_repair(
             await audit.close()
             for proc in list(h.procs):
                 h.kill(proc)
-            await _restore(home, sched, name, temporal_client)
+            await restore_lifecycles(home, sched, name, temporal_client)
 
 
 async def _scenarios(
@@ -316,23 +315,6 @@ def _start_time(scontrol: str) -> Any:
 
     text = next(p.split("=", 1)[1] for p in scontrol.split() if p.startswith("StartTime="))
     return datetime.fromisoformat(text)
-
-
-async def _restore(home: Any, sched: Any, name: str, client: Client) -> None:
-    """Leave the cluster as found: lifecycles ended, reservations gone, nodes back."""
-    async for wf in client.list_workflows(
-        f'WorkflowType="NodeLifecycleWorkflow" AND RelaunchCluster="{name}" AND '
-        'ExecutionStatus="Running"'
-    ):
-        with contextlib.suppress(Exception):
-            await client.get_workflow_handle(wf.id).terminate("test over")
-    start_daemons(home.slurm)
-    maint = sched.maintenance()
-    for node in home.slurm.nodes:
-        faults.clear_gpu_fault(home.root / "nodes" / node)
-        await maint.unreserve_node(reservation_name(node))
-        with contextlib.suppress(Exception):
-            await sched.resume_node(node)
 
 
 async def test_a_reboot_slurm_refuses_is_said_and_the_ladder_goes_on(stack: Stack) -> None:

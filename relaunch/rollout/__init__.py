@@ -1,0 +1,1 @@
+"""Earning autonomy: the scorecard and staged rollout (docs/autonomy.md)."""
