@@ -336,6 +336,10 @@ async def measure(
             "/audit?action=drain",
             "/audit.json",
             "/audit.csv",
+            "/scorecard",
+            "/scorecard?since=7d",
+            "/api/v1/scorecard",
+            "/api/v1/incidents",
         ]
         for path in paths:
             samples = []
