@@ -12,10 +12,11 @@ deps:
 demo: deps
 	$(PY) examples/demo.py
 
-# Two pytest workers, each with its own stack; the PostgreSQL-outage test (10 minutes, most of
-# it waiting) has a worker to itself while the other runs the rest.
+# Three pytest workers, each with its own stack: the PostgreSQL-outage group (11 minutes, almost
+# all of it waiting for the database to come back) keeps one busy but idle, while the other two
+# share the rest on the machine's two cores.
 test: deps lint typecheck
-	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS)
 
 # The inner loop: unit tests only, no stack, no Slurm (under a minute on 2 cores). Two workers:
 # much of the tier waits (timeouts, polls) rather than computes.

@@ -40,8 +40,8 @@ from relaunch.models.recovery import Mode, Policy
 from tests.conftest import sbatch
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import Harness
+from tests.integration.helpers import restore_lifecycles
 from tests.integration.test_console_browser import chromium, shot, signed_in
-from tests.integration.test_lifecycle import _restore
 
 pytestmark = [pytest.mark.xdist_group("lifecycle"), pytest.mark.timeout(600)]
 CLUSTER = "life"
@@ -98,7 +98,7 @@ async def test_a_lifecycle_is_decided_on_the_nodes_page(
     finally:
         for proc in list(h.procs):
             h.kill(proc)
-        await _restore(home, sched, h.config.name, temporal_client)
+        await restore_lifecycles(home, sched, h.config.name, temporal_client)
 
 
 async def _story(
