@@ -79,14 +79,16 @@ def parse_args() -> argparse.Namespace:
 def master_port() -> int:
     """$MASTER_PORT, else one derived from the job id and restart count, so that a requeued
     attempt never tries to bind the port the previous attempt may still hold, and from the
-    cluster, so that job 1 of two clusters on one host (parallel test stacks) do not collide."""
+    cluster, so that job 1 of two clusters on one host (parallel test stacks) do not collide.
+    Below Linux's ephemeral range (32768 and up): an outgoing connection of any process on the
+    host may hold a port there, and the rendezvous would fail to listen (EADDRINUSE)."""
     if port := os.environ.get("MASTER_PORT"):
         return int(port)
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     cluster = os.environ.get("SLURM_CLUSTER_NAME", "") + os.environ.get("SLURM_CONF", "")
     salt = zlib.crc32(cluster.encode())
-    return 20000 + (salt + job_id * 7 + restart) % 20000
+    return 20000 + (salt + job_id * 7 + restart) % 12000
 
 
 def make_model() -> nn.Module:

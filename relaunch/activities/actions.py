@@ -336,6 +336,8 @@ class ActionActivities:
         while True:
             job = await sched.get_job_brief(inp.job_id)  # polled: the cheap shared listing
             bad = set(job.nodes) & set(inp.avoid_nodes)
+            if bad and job.state is JobState.RUNNING:
+                bad -= await self._validated_since(inp, bad)
             beat(f"{job.state.value} on {','.join(job.nodes) or '-'}")
             if job.state is JobState.RUNNING and not bad:
                 break
@@ -397,6 +399,8 @@ class ActionActivities:
         so no activity slot is held while the job comes back."""
         job = await self.deps.scheduler.get_job_brief(inp.job_id)
         bad = set(job.nodes) & set(inp.avoid_nodes)
+        if bad and job.state is JobState.RUNNING:
+            bad -= await self._validated_since(inp, bad)
         if job.state.is_terminal:
             return VerifyCheck(failed=True, detail=f"job {job.job_id} ended ({job.state.value})")
         if job.state is not JobState.RUNNING or bad:
@@ -411,6 +415,19 @@ class ActionActivities:
             detail += f"; {_resume_text(found, inp.checkpoint_step)}"
         await self._verified(inp, job, detail)
         return VerifyCheck(done=True, detail=detail)
+
+    async def _validated_since(self, inp: VerifyInput, nodes: set[str]) -> set[str]:
+        """The avoided ``nodes`` that a node lifecycle has validated and returned to service
+        since this recovery began: Relaunch's own checks passed there, so a job that runs on
+        one runs on a healthy node (the requeue of a node decision does not exclude its node:
+        the drain and the lifecycle's reservation keep jobs off it until then)."""
+        stages = await self.deps.audit.node_stages(inp.cluster)
+        returned = {n: row.at for n in nodes if (row := stages.get(n)) and row.stage == "returned"}
+        if not returned:
+            return set()
+        events = await self.deps.audit.events(inp.incident_id)
+        began = events[0].at if events else None
+        return {n for n, at in returned.items() if began is not None and at > began}
 
 
 def _resume_text(found: ResumeProgress, checkpoint: int) -> str:

@@ -20,7 +20,7 @@ from relaunch.models.errors import StackError
 # Services of a stack listen here: below the kernel's ephemeral range (32768-60999 on Linux),
 # where an outgoing connection of another process can take a port between the moment it is
 # picked and the moment the service binds it ("Address already in use"), and below the DDP
-# example's rendezvous ports (20000-39999).
+# example's rendezvous ports (20000-31999).
 SERVICE_PORTS = (10000, 19999)
 
 

@@ -180,7 +180,13 @@ async def _series(
     right, wrong = await diagnosed(nodes[a]), await diagnosed(nodes[d])
     assert right.data["passed"] is False and wrong.data["passed"] is True
     # D's node passed its checks: its lifecycle asks before returning it; yes.
-    back = relaunch(h.config_path, "approve", lifecycle_id(name, nodes[d], 1), "--by", "ana")
+    life_d = lifecycle_id(name, nodes[d], 1)
+
+    async def asks() -> bool:
+        return any(e.stage == "awaiting_approval" for e in await rows(life_d, "stage"))
+
+    await h.until(asks, f"{life_d} asking to return {nodes[d]}", timeout=30)
+    back = relaunch(h.config_path, "approve", life_d, "--by", "ana")
     assert back.returncode == 0, back.stderr
 
     # ---- 2. the scorecard after two decisions.
@@ -206,7 +212,8 @@ async def _series(
     assert rejected.returncode == 0, rejected.stderr
     await h.wait_stage(h.incident(b), {Stage.REJECTED}, timeout=30)
     await h.wait_stage(h.incident(c), {Stage.EXPIRED}, timeout=45)
-    # A and D were requeued off their nodes: they run again where B and C ran.
+    # A and D were requeued off their nodes: they run again where B and C ran, or on D's node,
+    # which its lifecycle validated and returned.
     for job in (a, d):
         await h.wait_stage(h.incident(job), {Stage.DONE}, timeout=90)
     verified = max([(await rows(h.incident(job), "verify"))[0].at for job in (a, d)])
@@ -246,6 +253,9 @@ async def _series(
     assert scope(scorecard(h), "partition", "debug")["mode"] == "autonomous"
     # D's node, back in service, takes a new debug job; its failure there is a new decision
     # (the node's last one closed with its return), and debug is autonomous now.
+    for job in (a, d):  # a requeued job may have gone there: it makes room
+        if nodes[d] in (await sched.get_job(job)).nodes:
+            await sched.cancel_job(job)
     e = submit("e", "debug", nodes[d])
     await _wait_running(sched, e)
     await asyncio.sleep(1)

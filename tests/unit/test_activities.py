@@ -80,6 +80,13 @@ class MemoryAudit:
             self.locked += 1
             yield
 
+    async def node_stages(self, cluster: str) -> dict[str, StoredEvent]:
+        latest: dict[str, StoredEvent] = {}
+        for r in self.rows:
+            if r.kind == "node_stage" and r.nodes:
+                latest[r.nodes[0]] = r
+        return latest
+
     def kinds(self, kind: str) -> list[StoredEvent]:
         return [r for r in self.rows if r.kind == kind]
 
@@ -336,6 +343,33 @@ async def test_verify_passes_when_the_job_runs_away_from_the_avoided_nodes() -> 
     assert sched.calls == [("get_job_brief", "42")]  # polled through the cheap brief listing
     (row,) = audit.kinds("verify")
     assert row.nodes == ["n3", "n4"] and row.data == {"job_id": "42", "nodes": ["n3", "n4"]}
+
+
+async def test_verify_passes_on_an_avoided_node_its_lifecycle_returned_since() -> None:
+    """The job runs on the culprit its node decision drained, after the node's lifecycle
+    validated it and returned it to service: a healthy node by Relaunch's own checks. One the
+    lifecycle returned before this recovery began, or has not returned, is still avoided."""
+    sched = cluster(running_job(nodes=["n2"], restart_count=1))
+    audit = MemoryAudit()
+    began = datetime.now(UTC)
+    await audit.record(AuditRecord(incident_id=INCIDENT, kind="stage", at=began, stage="gathering"))
+    returned = AuditRecord(
+        incident_id="relaunch-test-lifecycle-n2-1",
+        kind="node_stage",
+        at=began,
+        stage="returned",
+        nodes=["n2"],
+    )
+    await audit.record(returned)  # not after the recovery began: still avoided
+    look = await run(activities(sched, audit).verify_check, verify_input())
+    assert not look.done and look.detail == "RUNNING on n2", look
+    with pytest.raises(ApplicationError, match="not running on healthy nodes"):
+        await run(activities(sched, audit).verify, verify_input())
+    await audit.record(returned.model_copy(update={"at": datetime.now(UTC)}))
+    look = await run(activities(sched, audit).verify_check, verify_input())
+    assert look.done and look.detail == "RUNNING on n2", look
+    outcome = await run(activities(sched, audit).verify, verify_input())
+    assert outcome == StepOutcome(ok=True, detail="RUNNING on n2")
 
 
 @pytest.mark.parametrize(
