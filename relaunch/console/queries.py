@@ -206,6 +206,10 @@ class ConsoleDb:
         self._cache[key] = (now, value)
         return value
 
+    def forget(self, key: Hashable) -> None:
+        """Drop one cached value (what was just changed here must show at once)."""
+        self._cache.pop(key, None)
+
     async def _rows(self, sql: str, args: Any = None) -> list[dict[str, Any]]:
         async with self.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql, args)

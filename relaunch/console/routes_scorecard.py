@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relaunch.console.auth import ConsoleRole
+from relaunch.console.scorecard_metrics import forget_scorecard, scorecard_of
 from relaunch.console.web import (
     Cluster,
     Console,
@@ -33,7 +34,6 @@ from relaunch.models.names import cluster_name
 from relaunch.models.recovery import Mode
 from relaunch.models.rollout import ModeChange, Recommendation, ScopeKind, Scorecard
 from relaunch.rollout.policy import BadScopeError, change_mode, mode_changes
-from relaunch.rollout.scorecard import load_scorecard
 
 RECENT = 50  # recommendations listed per cluster, newest first
 SPANS = ("24h", "7d", "30d")
@@ -74,7 +74,7 @@ def parse_since(value: str, now: datetime) -> datetime | None:
 async def cluster_scorecard(c: Console, cl: Cluster, since: datetime | None) -> ClusterScorecard:
     config = cl.config
     card, changes = await asyncio.gather(
-        c.db.from_store(lambda store: load_scorecard(store, config, since=since)),
+        scorecard_of(c.db, config, since),
         c.db.from_store(lambda store: mode_changes(store, config.name)),
     )
     return ClusterScorecard(
@@ -150,6 +150,7 @@ async def change(request: Request) -> Response:
         )
     except (BadScopeError, InvalidNameError) as exc:
         raise Problem(exc.message) from exc
+    forget_scorecard(c.db, cl.name)
     return RedirectResponse(
         _href(cluster=cl.name if c.several else "", since=since), status_code=303
     )

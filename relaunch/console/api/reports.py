@@ -17,11 +17,11 @@ from relaunch.console.api.endpoint import (
 from relaunch.console.api.incidents import audit_filter, scoped
 from relaunch.console.api.models import EventPage, Me, ModeChanges, Scorecards
 from relaunch.console.routes_audit import FILTER_KEYS
+from relaunch.console.scorecard_metrics import scorecard_of
 from relaunch.console.web import Cluster, served_cluster
 from relaunch.models.config import ClusterConfig
 from relaunch.models.rollout import ModeChange, Scorecard
 from relaunch.rollout.policy import mode_changes
-from relaunch.rollout.scorecard import load_scorecard
 
 AUDIT_FILTERS = (*FILTER_KEYS, "since", "until")
 AUDIT_DEFAULT, AUDIT_MAX = 100, 1000
@@ -68,10 +68,7 @@ def _clusters(call: Call) -> list[Cluster]:
 
 
 async def _scorecard(call: Call, config: ClusterConfig, since: datetime | None) -> Scorecard:
-    async def query(store: AuditStore) -> Scorecard:
-        return await load_scorecard(store, config, since=since)
-
-    return await call.c.db.from_store(query)
+    return await scorecard_of(call.c.db, config, since)
 
 
 async def get_scorecard(call: Call) -> Scorecards:
