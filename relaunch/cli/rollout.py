@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,7 +20,14 @@ from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import Mode
 from relaunch.models.rollout import ModeChange, Precision, ScopeKind, Scorecard, Tally
-from relaunch.rollout.policy import change_mode, effective_policy, mode_changes
+from relaunch.rollout.policy import (
+    actor_name,
+    change_mode,
+    effective_policy,
+    mode_changes,
+    scope_name,
+)
+from relaunch.rollout.policy import parse_since as since_of
 from relaunch.rollout.scorecard import load_scorecard
 
 T = TypeVar("T")
@@ -38,22 +45,11 @@ def _with_store(config: ClusterConfig, use: Callable[[AuditStore], Awaitable[T]]
 
 
 def parse_since(value: str | None) -> datetime | None:
-    """``--since``: an ISO time (UTC unless it says otherwise) or a span back from now such as
-    ``7d``, ``12h`` or ``30m``."""
-    if not value:
-        return None
-    value = value.strip()
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    if value[-1:] in units and value[:-1].replace(".", "", 1).isdigit():
-        return datetime.now(UTC) - timedelta(seconds=float(value[:-1]) * units[value[-1]])
+    """``--since``: an ISO time or a span back from now (relaunch.rollout.policy.parse_since)."""
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither a time (2026-12-01T08:00) nor a span back (7d, 12h, 30m)",
-            param_hint="--since",
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        return since_of(value or "", datetime.now(UTC))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
 
 
 def _share(part: int, whole: int) -> str:
@@ -194,6 +190,7 @@ def register(cli: click.Group) -> None:
         scope = ScopeKind.CATEGORY if category else ScopeKind.PARTITION
         name = category or partition or ""
         try:
+            scope_name(scope, name), actor_name(by)  # a typo is said before any connection
             config = load_config(config_path, cluster, state_dir)
             change = _with_store(
                 config,
@@ -227,8 +224,8 @@ def register(cli: click.Group) -> None:
         "Let Relaunch act alone on a category or a partition (autonomous).",
     )
     _change_command(
-        "demote", Mode.MONITOR, "Have Relaunch ask again before acting (monitor) on one."
+        "demote",
+        Mode.MONITOR,
+        "Have Relaunch ask before acting (monitor) on a category or partition.",
     )
-    _change_command(
-        "reset", None, "Drop the changes of a category or partition: back to the configuration."
-    )
+    _change_command("reset", None, "Back to the configuration's mode for a category or partition.")

@@ -139,16 +139,26 @@ async def addressed(request: Request) -> tuple[Console, User, Cluster, Any]:
     return c, user, _target(request, c, user, named), raw
 
 
+def refused(exc: ValidationError, status: int = 422, unknown: str | None = None) -> IntakeRefused:
+    """A body's first validation error as a refusal naming its field: a missing field said so,
+    an unknown one with ``unknown`` (what the body takes) when given."""
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "body"
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if unknown is not None and first["type"] == "extra_forbidden":
+        msg = f"unknown field {field!r}: {unknown}"
+    elif unknown is not None and first["type"] == "missing":
+        msg = f"{field} is required"
+    return IntakeRefused(status, msg, field)
+
+
 def _parse(model: type[BaseModel], raw: Any) -> Any:
     if not isinstance(raw, dict):
         raise IntakeRefused(422, "body must be a JSON object", "body")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        raise IntakeRefused(422, msg, field) from exc
+        raise refused(exc) from exc
 
 
 def _trim(value: str, limit: int = 300) -> str:
@@ -491,14 +501,7 @@ def _parse_repair(raw: Any) -> RepairCallback:
     try:
         return RepairCallback.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            msg = "unknown field: the body takes node, by, ticket, note and cluster"
-        elif first["type"] == "missing":
-            msg = f"{field} is required"
-        raise IntakeRefused(400, msg, field) from exc
+        raise refused(exc, 400, "the body takes node, by, ticket, note and cluster") from exc
 
 
 async def repair(request: Request) -> Response:

@@ -44,6 +44,7 @@ from relaunch.console.intake import (
     _trim,
     _unavailable,
     addressed,
+    refused,
 )
 from relaunch.console.web import Cluster, Console
 from relaunch.detection.health_events import xid_codes
@@ -87,14 +88,7 @@ def _validate(model: type[M], raw: dict[str, Any]) -> M:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            msg = f"unknown field {field!r}: {_SHAPES}"
-        elif first["type"] == "missing":
-            msg = f"{field} is required"
-        raise IntakeRefused(422, msg, field) from exc
+        raise refused(exc, 422, _SHAPES) from exc
 
 
 def event_key(report: HealthReport) -> str | None:

@@ -7,7 +7,7 @@ with one click (`POST /scorecard/mode`): the same audit row as `relaunch rollout
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -34,11 +34,10 @@ from relaunch.models.names import cluster_name
 from relaunch.models.recovery import Mode
 from relaunch.models.rollout import ModeChange, Recommendation, ScopeKind, Scorecard
 from relaunch.rollout.policy import BadScopeError, change_mode, mode_changes
+from relaunch.rollout.policy import parse_since as since_of
 
 RECENT = 50  # recommendations listed per cluster, newest first
 SPANS = ("24h", "7d", "30d")
-_UNITS = {"d": 86400, "h": 3600, "m": 60}
-_LONGEST = timedelta(days=3650)
 
 
 class ClusterScorecard(BaseModel):
@@ -51,24 +50,11 @@ class ClusterScorecard(BaseModel):
 
 
 def parse_since(value: str, now: datetime) -> datetime | None:
-    """``?since=``: an ISO time (UTC unless it says otherwise) or a span back from ``now``
-    (``7d``, ``12h``, ``30m``); None when empty. Anything else is a 400."""
-    value = value.strip()
-    if not value:
-        return None
-    number, unit = value[:-1], value[-1:]
-    if unit in _UNITS and number.replace(".", "", 1).isdigit():
-        seconds = float(number) * _UNITS[unit]
-        if seconds > _LONGEST.total_seconds():
-            raise Problem(f"since {value!r} reaches back more than {_LONGEST.days} days")
-        return now - timedelta(seconds=seconds)
+    """``?since=`` (relaunch.rollout.policy.parse_since); anything else is a 400."""
     try:
-        parsed = datetime.fromisoformat(value)
+        return since_of(value, now)
     except ValueError as exc:
-        raise Problem(
-            f"since must be a time (2026-05-01T08:00) or a span back (7d, 12h, 30m), not {value!r}"
-        ) from exc
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        raise Problem(str(exc)) from exc
 
 
 async def cluster_scorecard(c: Console, cl: Cluster, since: datetime | None) -> ClusterScorecard:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from relaunch.connectors.audit import AuditStore
 from relaunch.models import names
@@ -54,6 +54,32 @@ def actor_name(by: str) -> str:
             hint="letters, digits, spaces and . @ + - _ (at most 64)",
         )
     return by
+
+
+_SPAN_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+LONGEST_SINCE = timedelta(days=3650)
+
+
+def parse_since(value: str, now: datetime) -> datetime | None:
+    """A scorecard's ``since`` (the CLI's ``--since``, the page's and the API's ``?since=``):
+    an ISO time (UTC unless it says otherwise) or a span back from ``now`` (``7d``, ``12h``,
+    ``30m``), at most ten years back; None when empty. Raises ValueError with what is wrong."""
+    value = value.strip()
+    if not value:
+        return None
+    number, unit = value[:-1], value[-1:]
+    if unit in _SPAN_UNITS and number.replace(".", "", 1).isdigit():
+        seconds = float(number) * _SPAN_UNITS[unit]
+        if seconds > LONGEST_SINCE.total_seconds():
+            raise ValueError(f"since {value!r} reaches back more than {LONGEST_SINCE.days} days")
+        return now - timedelta(seconds=seconds)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"since must be a time (2026-05-01T08:00) or a span back (7d, 12h, 30m), not {value!r}"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 async def mode_changes(store: AuditStore, cluster: str) -> list[ModeChange]:
