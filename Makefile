@@ -18,7 +18,7 @@ demo: deps
 test: deps lint typecheck
 	$(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS)
 
-# The inner loop: unit tests only, no stack, no Slurm (under a minute on 2 cores). Two workers:
+# The inner loop: unit tests only, no stack, no Slurm (about two minutes on 2 cores). Two workers:
 # much of the tier waits (timeouts, polls) rather than computes.
 test-unit test-quick: deps
 	$(PY) -m pytest -q -n 2 tests/unit $(PYTEST_ARGS)
