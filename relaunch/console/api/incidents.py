@@ -6,6 +6,7 @@ An incident outside the caller's cluster scope answers exactly as one that does 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -321,26 +322,25 @@ async def get_incident(call: Call) -> IncidentDetail:
     )
 
 
-async def get_verdict(call: Call) -> VerdictView:
-    """The incident's latest verdict (404 while it has none)."""
+async def _found(call: Call, view: Callable[[list[StoredEvent]], M | None], what: str) -> M:
+    """The incident's latest ``what`` as ``view`` reads it from its rows (404 while none)."""
     incident_id = call.path("incident_id")
     await incident_in_scope(call, incident_id)
     events = await call.c.db.from_store(lambda store: store.events(incident_id))
-    found = verdict_view(events)
+    found = view(events)
     if found is None:
-        raise NotFound(f"incident {incident_id} has no verdict (yet)")
+        raise NotFound(f"incident {incident_id} has no {what} (yet)")
     return found
+
+
+async def get_verdict(call: Call) -> VerdictView:
+    """The incident's latest verdict (404 while it has none)."""
+    return await _found(call, verdict_view, "verdict")
 
 
 async def get_plan(call: Call) -> PlanView:
     """The incident's latest plan (404 while it has none)."""
-    incident_id = call.path("incident_id")
-    await incident_in_scope(call, incident_id)
-    events = await call.c.db.from_store(lambda store: store.events(incident_id))
-    found = plan_view(events)
-    if found is None:
-        raise NotFound(f"incident {incident_id} has no plan (yet)")
-    return found
+    return await _found(call, plan_view, "plan")
 
 
 async def get_timeline(call: Call) -> EventPage:
