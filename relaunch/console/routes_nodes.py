@@ -8,7 +8,7 @@ of it in the window: drains Relaunch did not make, health events pushed in."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 from pydantic import BaseModel, Field
@@ -22,7 +22,9 @@ from relaunch.console.lifecycles import LIFECYCLE_KINDS, LifecycleView, lifecycl
 from relaunch.console.queries import NodeDrain
 from relaunch.console.routes_incident import send_decision
 from relaunch.console.web import (
+    Cluster,
     Conflict,
+    Console,
     NotFound,
     Problem,
     Unavailable,
@@ -94,20 +96,28 @@ def node_views(
     ]
 
 
-async def nodes_page(request: Request) -> Response:
-    auth = require(request)
-    c = console(request)
-    try:
-        window, span = kpis.parse_window(request.query_params.get("window", "7d"))
-    except kpis.BadWindowError as exc:
-        raise Problem(str(exc)) from exc
-    cl = served_cluster(c, auth, cluster_param(request, auth) or default_cluster(c, auth))
+async def cluster_nodes(
+    c: Console, cl: Cluster, window: str, span: timedelta, *, outside: bool = True
+) -> tuple[list[NodeView], str | None]:
+    """The views of a cluster's nodes (Slurm's state, drains, reputation over ``span``, the
+    latest lifecycle, and with ``outside`` what other systems said of them), and what kept
+    Slurm from answering (None when it did): the nodes page's and ``/api/v1/nodes``."""
     sched = cl.services.scheduler
     nodes: list[Node] = []
     slurm_error: str | None = None
     if sched is None:
         slurm_error = "no scheduler configured for the console"
-    drains, reputation, stages, outside = await asyncio.gather(
+
+    async def said() -> list[StoredEvent]:
+        if not outside:
+            return []
+        return await c.db.from_store(
+            lambda store: store.outside_events(
+                cl.name, datetime.now(UTC) - span, limit=OUTSIDE_READ
+            )
+        )
+
+    drains, reputation, stages, others = await asyncio.gather(
         c.db.node_drains(cl.name),
         c.db.cached(
             ("reputation", cl.name, window),
@@ -115,11 +125,7 @@ async def nodes_page(request: Request) -> Response:
             lambda: c.db.reputation(cl.name, datetime.now(UTC) - span),
         ),
         c.db.node_stages(cl.name),
-        c.db.from_store(
-            lambda store: store.outside_events(
-                cl.name, datetime.now(UTC) - span, limit=OUTSIDE_READ
-            )
-        ),
+        said(),
     )
     # Each node's latest lifecycle: its latest checks and its pending step, in one statement.
     rows = await c.db.latest_rows([s.incident_id for s in stages.values()], LIFECYCLE_KINDS)
@@ -129,12 +135,24 @@ async def nodes_page(request: Request) -> Response:
             nodes = await asyncio.wait_for(sched.list_nodes(), SCHEDULER_TIMEOUT_S)
         except (RelaunchError, TimeoutError) as exc:
             slurm_error = f"Slurm does not answer: {exc}"
+    return node_views(nodes, drains, reputation, lifecycles, others), slurm_error
+
+
+async def nodes_page(request: Request) -> Response:
+    auth = require(request)
+    c = console(request)
+    try:
+        window, span = kpis.parse_window(request.query_params.get("window", "7d"))
+    except kpis.BadWindowError as exc:
+        raise Problem(str(exc)) from exc
+    cl = served_cluster(c, auth, cluster_param(request, auth) or default_cluster(c, auth))
+    views, slurm_error = await cluster_nodes(c, cl, window, span)
     return render(
         request,
         "nodes.html",
         auth,
         cluster=cl.name,
-        nodes=node_views(nodes, drains, reputation, lifecycles, outside),
+        nodes=views,
         slurm_error=slurm_error,
         window=window,
         windows=list(kpis.WINDOWS),

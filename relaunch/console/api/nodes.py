@@ -4,23 +4,13 @@ each, its lifecycle (stage, latest checks, the step waiting for a decision) and 
 
 from __future__ import annotations
 
-import asyncio
-from datetime import UTC, datetime
-
 from relaunch.console import kpis
 from relaunch.console.api.endpoint import Call, FieldProblem, cluster_of
 from relaunch.console.api.models import NodeItem, NodeList
-from relaunch.console.lifecycles import LIFECYCLE_KINDS, lifecycle_views
-from relaunch.console.routes_nodes import (
-    REPUTATION_TTL_S,
-    SCHEDULER_TIMEOUT_S,
-    NodeView,
-    node_views,
-)
+from relaunch.console.routes_nodes import NodeView, cluster_nodes
 from relaunch.console.web import NotFound, default_cluster, served_cluster
-from relaunch.models.errors import InvalidNameError, RelaunchError
+from relaunch.models.errors import InvalidNameError
 from relaunch.models.names import node_name
-from relaunch.models.scheduler import Node
 
 
 def _item(cluster: str, view: NodeView) -> NodeItem:
@@ -46,28 +36,7 @@ async def _nodes(call: Call) -> NodeList:
     except kpis.BadWindowError as exc:
         raise FieldProblem(str(exc), "window") from exc
     cl = served_cluster(c, auth, cluster_of(call) or default_cluster(c, auth))
-    drains, reputation, stages = await asyncio.gather(
-        c.db.node_drains(cl.name),
-        c.db.cached(
-            ("reputation", cl.name, window),
-            REPUTATION_TTL_S,
-            lambda: c.db.reputation(cl.name, datetime.now(UTC) - span),
-        ),
-        c.db.node_stages(cl.name),
-    )
-    rows = await c.db.latest_rows([s.incident_id for s in stages.values()], LIFECYCLE_KINDS)
-    lifecycles = lifecycle_views(stages, rows, cl.config.policy.approval_timeout_s)
-    nodes: list[Node] = []
-    slurm_error: str | None = None
-    sched = cl.services.scheduler
-    if sched is None:
-        slurm_error = "no scheduler configured for the console"
-    else:
-        try:
-            nodes = await asyncio.wait_for(sched.list_nodes(), SCHEDULER_TIMEOUT_S)
-        except (RelaunchError, TimeoutError) as exc:
-            slurm_error = f"Slurm does not answer: {exc}"
-    views = node_views(nodes, drains, reputation, lifecycles)
+    views, slurm_error = await cluster_nodes(c, cl, window, span, outside=False)
     return NodeList(
         cluster=cl.name,
         window=window,
