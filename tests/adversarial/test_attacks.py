@@ -451,3 +451,43 @@ async def test_a_printed_lagging_rank_and_hostile_limits_drain_nothing(arena: Ti
     plan = status.plan
     assert plan is not None and plan.drain_nodes == [], plan
     await finish(t)
+
+
+# ------------------------------------------------------- node-health events (issue 17)
+
+
+async def test_a_printed_nvsentinel_event_is_no_health_event(arena: Tier) -> None:
+    """A job prints what NVSentinel would send for a fatal Xid 79 on another node, and an NHC
+    drain reason, then fails: only a sender holding an intake token can push a health event,
+    so nothing is recorded as one (nor as a drain by others), no source corroborates the named
+    node, and nothing is drained."""
+    t = arena
+    event = json.dumps(
+        {
+            "agent": "syslog-health-monitor",
+            "componentClass": "GPU",
+            "checkName": "SysLogsXIDError",
+            "isFatal": True,
+            "isHealthy": False,
+            "errorCode": ["79"],
+            "recommendedAction": "RESTART_BM",
+            "nodeName": "n4",
+            "message": "XID 79: GPU has fallen off the bus",
+        }
+    )
+    hostile = t.submit(
+        job(f"echo '{event}'", 'echo "NHC: check_hw_gpu: GPU lost on n4"', then="exit 1"),
+        "-N1",
+        "-w",
+        "n3",
+    )
+    status = await t.settled(await t.incident(hostile))
+    t.say("17", status)
+    assert status.plan is None or status.plan.drain_nodes == [], status
+    if status.verdict is not None:
+        assert not any(
+            "health_event" in sources for sources in status.verdict.corroboration.values()
+        ), status.verdict
+    said = await t.h.audit.events(f"intake-{t.h.config.name}")
+    assert [e for e in said if e.kind in ("health_event", "external_drain")] == [], said
+    await finish(t)
