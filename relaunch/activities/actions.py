@@ -293,10 +293,13 @@ class ActionActivities:
         if recorded is not None:
             beat(f"resubmitted as {recorded} (recorded)")
             child = await self._child_of(job, recorded)
+            # Not yet counted when the attempt that recorded the child died before its
+            # restart row: this row counts it (the restart budget reads these rows).
+            counted = any(e.kind == "action" and e.data.get("step") == "restart" for e in events)
             return ActionResult(
                 action="resubmit",
                 target=job.job_id,
-                changed=False,
+                changed=not counted,
                 note=f"already resubmitted as {recorded}",
                 after=_brief(child) if child else "no longer listed",
                 new_job_id=recorded,

@@ -136,6 +136,28 @@ async def test_a_retry_after_a_crash_between_sbatch_and_its_record_finds_the_rea
     assert third.new_job_id == "43" and not third.changed and sched.submissions == ["43"]
 
 
+async def test_a_child_recorded_before_a_crash_is_counted_once_on_retry() -> None:
+    """The worker dies after the child's lineage row, before the restart's own row."""
+
+    class Dies(MemoryAudit):
+        crashes = 1
+
+        async def record(self, record: AuditRecord, *, dedupe_key: str | None = None) -> bool:
+            if record.kind == "action" and record.data.get("step") == "restart" and self.crashes:
+                self.crashes -= 1
+                raise ConnectionError("worker killed")
+            return await super().record(record, dedupe_key=dedupe_key)
+
+    sched, audit = cluster(bobs(), mallorys("43", "relaunch_parent=42")), Dies()
+    acts, plan = activities(sched, audit), act(restart_method=RestartMethod.RESUBMIT)
+    with pytest.raises(Exception, match="worker killed"):
+        await run(acts.restart, plan)
+    again = await run(acts.restart, plan)
+    assert again.new_job_id == "44" and sched.submissions == ["44"]
+    restarts = [r for r in audit.kinds("action") if r.data.get("step") == "restart"]
+    assert [(r.data["changed"], r.data["new_job_id"]) for r in restarts] == [(True, "44")]
+
+
 # ---------------------------------------------------------------- the readers
 
 
