@@ -19,7 +19,6 @@ from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.connectors.joboutput import FileEvidence, read_file_evidence
 from relaunch.connectors.liveness import ProbeError, Prober, ProbeTarget
 from relaunch.connectors.logstores import fetch_evidence_logs
-from relaunch.connectors.slurm.commands import LINEAGE_KEY
 from relaunch.connectors.telemetry import read_job_telemetry
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import lines_since
@@ -27,7 +26,6 @@ from relaunch.detection.planning import PlanHistory, held_out, make_plan, partit
 from relaunch.detection.progress import last_checkpoint
 from relaunch.models.bundle import BundleJob
 from relaunch.models.config import ClusterConfig
-from relaunch.models.errors import JobNotFoundError
 from relaunch.models.recovery import (
     ActionPlan,
     AttributeInput,
@@ -321,7 +319,8 @@ class EvidenceActivities:
         job = inp.evidence.job
         now = datetime.now(UTC)
         user = await asyncio.to_thread(_bundle_user, Path(inp.evidence.bundle_path))
-        lineage = await self._lineage(job.job_id)
+        # This job and the jobs it was resubmitted from, as the audit trail records them.
+        lineage = await self.deps.audit.lineage(inp.cluster, job.job_id)
         # The guard's read is made under the cluster's drain lock, as `isolate`'s re-check is:
         # a plan never sees the drain trail half-written by a drain in progress.
         async with self.deps.audit.drain_lock(inp.cluster):
@@ -416,23 +415,6 @@ class EvidenceActivities:
                 if event.kind == "evidence" and event.data.get("log_path") == log_path:
                     start = max(start, size if isinstance(size, int) else 0)
         return start
-
-    async def _lineage(self, job_id: str) -> list[str]:
-        """This job and the jobs it was resubmitted from (relaunch_parent in the comment)."""
-        # One job at a time (not a parse of the whole queue per recovery): chains are short.
-        chain, current = [job_id], await self._job_or_none(job_id)
-        while current is not None and (parent := current.comment_fields.get(LINEAGE_KEY)):
-            if parent in chain:
-                break
-            chain.append(parent)
-            current = await self._job_or_none(parent)
-        return chain
-
-    async def _job_or_none(self, job_id: str) -> Job | None:
-        try:
-            return await self.deps.scheduler.get_job(job_id)
-        except JobNotFoundError:
-            return None
 
     async def _previous_unknown(self, cluster: str, incident_id: str, lineage: list[str]) -> bool:
         """Whether an earlier incident of this job's lineage was already of unknown cause."""

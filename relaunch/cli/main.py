@@ -363,7 +363,7 @@ def slurm_cancel(sched: SlurmCli, job_id: str) -> None:
 @click.option("--exclude", default="", help="Comma-separated nodes the new job must avoid.")
 @click.pass_obj
 def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
-    """Submit JOB_ID's batch script again as a new job (lineage kept in its comment)."""
+    """Submit JOB_ID's batch script again as a new job (its parent named in the comment)."""
     nodes = [n for n in exclude.split(",") if n]
     _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
 

@@ -23,10 +23,21 @@ from pydantic import BaseModel, Field
 
 from relaunch.models.errors import RelaunchError
 from relaunch.models.intake import intake_incident
+from relaunch.models.lineage import MAX_DEPTH
 from relaunch.models.recovery import AuditRecord
 
 ENSURED_MAX = 100_000
 
+
+# The rows that say which job Relaunch submitted as a resubmission of which (the parent is the
+# row's incident's job): ``lineage`` rows, and the changed resubmissions of older trails (an id
+# sbatch answered to Relaunch itself). Never a comment.
+LINEAGE_ROW = (
+    "((e.kind = 'lineage' and e.data->>'parent' = i.job_id)"
+    " or (e.kind = 'action' and e.data->>'step' = 'restart'"
+    " and e.data->>'action' = 'resubmit' and coalesce((e.data->>'changed')::boolean, false)))"
+)
+LINEAGE_CHILD = "coalesce(e.data->>'child', e.data->>'new_job_id')"
 
 # Rows about a node that came from outside Relaunch (AuditStore.outside_events).
 OUTSIDE_KINDS = ("health_event", "external_drain")
@@ -438,6 +449,32 @@ class AuditStore:
             )
             row = await cur.fetchone()
             return int(row[0]) if row else 0
+
+    async def resubmitted_from(self, cluster: str, job_id: str) -> str | None:
+        """The job ``job_id`` is the resubmission of, by the audit trail alone: a ``lineage``
+        row a recovery of the parent recorded right after its own ``sbatch`` (or, in a trail
+        older than those rows, the parent's restart that submitted it). A job's comment never
+        counts (docs/trust.md, "Resubmission lineage")."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"select i.job_id from audit_events e join incidents i on i.id = e.incident_id"
+                f" where i.cluster = %s and {LINEAGE_ROW} and {LINEAGE_CHILD} = %s"
+                " order by e.id limit 1",
+                (cluster, job_id),
+            )
+            row = await cur.fetchone()
+            return str(row[0]) if row else None
+
+    async def lineage(self, cluster: str, job_id: str, depth: int = MAX_DEPTH) -> list[str]:
+        """This job and the jobs it was resubmitted from, newest first (see
+        :meth:`resubmitted_from`); ``depth`` generations at most."""
+        chain = [job_id]
+        for _ in range(depth):
+            parent = await self.resubmitted_from(cluster, chain[-1])
+            if parent is None or parent in chain:
+                break
+            chain.append(parent)
+        return chain
 
     async def restarts_by_job(
         self, cluster: str, job_ids: Sequence[str], since: datetime

@@ -24,6 +24,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import BaseModel
 
 from relaunch.connectors.audit import (
+    LINEAGE_CHILD,
+    LINEAGE_ROW,
     AuditStore,
     AuditUnavailableError,
     IncidentRow,
@@ -403,26 +405,21 @@ class ConsoleDb:
         return [JobSummary.model_validate(r) for r in rows]
 
     async def job_links(self, cluster: str, job_id: str) -> tuple[str | None, list[str]]:
-        """(the job this one was resubmitted from, the jobs resubmitted from it)."""
+        """(the job this one was resubmitted from, the jobs resubmitted from it), by the rows
+        Relaunch recorded of its own submissions (AuditStore.resubmitted_from), never by a
+        job's comment."""
         parent = await self._one(
-            """
-            select coalesce(
-                (select substring(e.data->'job'->>'comment' from 'relaunch_parent=([0-9_]+)')
-                 from recoveries i join audit_events e on e.incident_id = i.id
-                 where i.cluster = %(c)s and i.job_id = %(j)s and e.kind = 'evidence'
-                   and e.data->'job'->>'comment' like '%%relaunch_parent=%%'
-                 order by e.id desc limit 1),
-                (select i.job_id from audit_events e join recoveries i on i.id = e.incident_id
-                 where e.kind = 'action' and i.cluster = %(c)s
-                   and e.data->>'new_job_id' = %(j)s limit 1)) as parent
-            """,
+            f"select i.job_id as parent from recoveries i"
+            f" join audit_events e on e.incident_id = i.id"
+            f" where i.cluster = %(c)s and {LINEAGE_ROW} and {LINEAGE_CHILD} = %(j)s"
+            " order by e.id limit 1",
             {"c": cluster, "j": job_id},
         )
         children = await self._rows(
-            "select distinct e.data->>'new_job_id' as child"
+            f"select distinct {LINEAGE_CHILD} as child"
             " from recoveries i join audit_events e on e.incident_id = i.id"
-            " where i.cluster = %s and i.job_id = %s and e.kind = 'action'"
-            " and e.data->>'new_job_id' is not null and e.data->>'new_job_id' <> i.job_id",
+            f" where i.cluster = %s and i.job_id = %s and {LINEAGE_ROW}"
+            f" and {LINEAGE_CHILD} is not null and {LINEAGE_CHILD} <> i.job_id",
             (cluster, job_id),
         )
         return (
@@ -467,7 +464,9 @@ class ConsoleDb:
                            count(*) filter (where e.kind = 'action'
                                and e.data->>'step' = 'restart'
                                and coalesce((e.data->>'changed')::boolean, false)) as restarts,
-                           max(e.data->>'new_job_id') filter (where e.kind = 'action')
+                           max(e.data->>'new_job_id') filter (where e.kind = 'action'
+                               and e.data->>'step' = 'restart'
+                               and coalesce((e.data->>'changed')::boolean, false))
                                as new_job_id,
                            min(case when e.kind = 'detection' then coalesce(
                                (e.data->>'fault_time')::timestamptz, e.at) end) as fault_at,

@@ -31,6 +31,8 @@ KINDS = (
     "rejection",
     "decision_request",
     "action",
+    "resubmit_intent",
+    "lineage",
     "verify",
     "suspect",
     "intake",

@@ -55,7 +55,10 @@ _ROWS = """
             when 'checks' then e.data->>'purpose'
             when 'node_decision' then e.data->>'requeue_by'
             when 'external_drain' then e.data->>'reason' end as what,
-        case when e.kind = 'action' then e.data->>'target' end as target,
+        case e.kind
+            when 'action' then e.data->>'target'
+            -- the resubmission Relaunch recorded of its own sbatch (never a job's comment)
+            when 'lineage' then e.data->>'child' end as target,
         case e.kind
             when 'action' then coalesce((e.data->>'changed')::boolean, false)
             when 'checks' then coalesce((e.data->>'passed')::boolean, false) end as flag
@@ -78,6 +81,7 @@ _KINDS = [
     "node_decision",
     "external_drain",
     "verify",
+    "lineage",
 ]
 # The scorecard lists this many of the newest recommendations and judged actions (its counts
 # cover every one in the window).
@@ -221,9 +225,12 @@ class _Judge:
     def restart(self, inc: _Incident, category: str, at: datetime) -> tuple[Outcome, str]:
         """A restart: wrong when the job failed the same way within the window; right once it
         was seen running again (the recovery's verification) and ran the window out."""
-        for later in self.trail.later_of_job(inc.job_id, at, at + self.window):
-            if later.category == category:
-                return Outcome.WRONG, f"{later.id}: {category} again"
+        # The job, and the resubmission this recovery recorded submitting (its lineage row).
+        jobs = [inc.job_id, *(str(r["target"]) for r in inc.of("lineage") if r["target"])]
+        for job in jobs:
+            for later in self.trail.later_of_job(job, at, at + self.window):
+                if later.category == category:
+                    return Outcome.WRONG, f"{later.id}: {category} again"
         ran = next((r["at"] for r in inc.of("verify") if r["at"] >= at), None)
         if ran is None:
             return Outcome.PENDING, "not seen running again yet"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.commands import LINEAGE_KEY, SlurmCli
+from relaunch.models.lineage import NONCE_KEY, new_nonce, nonce_digest, submitted_earlier
 from relaunch.models.scheduler import JobState
 from tests.conftest import sbatch
 from tests.integration.helpers import TRAIN_SCRIPT, wait_job
@@ -98,7 +99,8 @@ async def test_resubmit_keeps_lineage_and_avoids_nodes(
         job = await wait_job(scheduler, job_id, JobState.RUNNING)
         avoid = job.nodes[0]
         await scheduler.cancel_job(job_id)
-        result = await scheduler.resubmit_job(job_id, exclude=[avoid])
+        nonce = new_nonce()
+        result = await scheduler.resubmit_job(job_id, exclude=[avoid], nonce=nonce)
         assert result.changed and result.new_job_id and result.new_job_id != job_id
         child_id = result.new_job_id
         child = await wait_job(scheduler, child_id, JobState.RUNNING)
@@ -107,15 +109,14 @@ async def test_resubmit_keeps_lineage_and_avoids_nodes(
             "relaunch": "on",
             "relaunch_cluster": "slurm-actions",
             LINEAGE_KEY: job_id,
+            NONCE_KEY: nonce,
         }
         assert child.name == "resub" and child.stdout_path == f"{workdir}/resub-{child_id}.out"
-        # Asking again finds the child instead of submitting a third job.
-        again = await scheduler.resubmit_job(job_id, exclude=[avoid])
-        assert not again.changed and again.new_job_id == child_id
-        assert (
-            sum(j.comment_fields.get(LINEAGE_KEY) == job_id for j in await scheduler.list_jobs())
-            == 1
-        )
+        # A retry that lost the child's id finds it by the nonce it recorded before sbatch.
+        jobs = await scheduler.list_jobs()
+        parent = next(j for j in jobs if j.job_id == job_id)
+        found = submitted_earlier(parent, jobs, {nonce_digest(nonce)})
+        assert found is not None and found.job_id == child_id
     finally:
         await scheduler.cancel_job(job_id)
         if child_id:

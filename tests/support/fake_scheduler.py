@@ -34,6 +34,7 @@ from relaunch.connectors.slurm.commands import (
 )
 from relaunch.models import names
 from relaunch.models.errors import InvalidStateError, JobNotFoundError, NodeNotFoundError
+from relaunch.models.lineage import NONCE_KEY
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeFlag, NodeState
 
 
@@ -246,26 +247,25 @@ class FakeScheduler:
         """Every resubmission may run as the job's user here (SlurmCli's root case)."""
         return []
 
-    async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult:
+    async def resubmit_job(
+        self, job_id: str, *, exclude: Sequence[str] = (), nonce: str | None = None
+    ) -> ActionResult:
         self.calls.append(("resubmit_job", job_id, tuple(exclude)))
         before = self._job(job_id)
         if before.state.is_active:
             raise InvalidStateError(f"job {job_id} is still {before.state.value}")
-        for job in self.jobs.values():
-            if job.comment_fields.get(LINEAGE_KEY) == job_id:
-                return ActionResult(
-                    action="resubmit",
-                    target=job_id,
-                    changed=False,
-                    note=f"already resubmitted as {job.job_id}",
-                    before=_job_state_text(before),
-                    after=_job_state_text(job),
-                    new_job_id=job.job_id,
-                )
+        # Slurm's ids only grow: past any job a test added since.
+        self._next_id = max(
+            self._next_id, max((int(j) for j in self.jobs if j.isdigit()), default=0) + 1
+        )
         new_id = str(self._next_id)
         self._next_id += 1
-        fields = {k: v for k, v in before.comment_fields.items() if k != LINEAGE_KEY}
+        fields = {
+            k: v for k, v in before.comment_fields.items() if k not in (LINEAGE_KEY, NONCE_KEY)
+        }
         fields[LINEAGE_KEY] = job_id
+        if nonce is not None:
+            fields[NONCE_KEY] = nonce
         child = self.set_job(
             new_id,
             **{

@@ -43,7 +43,9 @@ class Cluster(SlurmCli):
         self.done.append("cancel")
         return ActionResult(action="cancel", target=job_id, changed=True)
 
-    async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult:
+    async def resubmit_job(
+        self, job_id: str, *, exclude: Sequence[str] = (), nonce: str | None = None
+    ) -> ActionResult:
         self.done.append(f"resubmit {self.resubmit_identity(self.job)}")
         return ActionResult(action="resubmit", target=job_id, changed=True, new_job_id="10")
 

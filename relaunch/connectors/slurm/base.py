@@ -68,4 +68,9 @@ class Scheduler(SchedulerReader, Protocol):
 
     async def cancel_job(self, job_id: str) -> ActionResult: ...
 
-    async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult: ...
+    async def resubmit_job(
+        self, job_id: str, *, exclude: Sequence[str] = (), nonce: str | None = None
+    ) -> ActionResult:
+        """Submit an ended job's script again (``nonce`` in the child's comment); every call
+        submits (the caller finds an earlier child from its audit trail, never by comment)."""
+        ...

@@ -38,6 +38,7 @@ from relaunch.models.errors import (
     SchedulerError,
     VerificationError,
 )
+from relaunch.models.lineage import NONCE_KEY, checked_nonce
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node, NodeState
 
 LINEAGE_KEY = "relaunch_parent"
@@ -508,10 +509,14 @@ class SlurmCli:
         ResubmitIdentityError when this submitter cannot (check before cancelling a job)."""
         return resubmit_identity(job, self.submitter)
 
-    async def resubmit_job(self, job_id: str, *, exclude: Sequence[str] = ()) -> ActionResult:
-        """Submit the job's batch script again as a new job, with the same shape and the
-        lineage recorded in the comment (``relaunch_parent=<old id>``). A second call finds the
-        child it already submitted and returns it instead of submitting twice."""
+    async def resubmit_job(
+        self, job_id: str, *, exclude: Sequence[str] = (), nonce: str | None = None
+    ) -> ActionResult:
+        """Submit the job's batch script again as a new job, with the same shape, its user and
+        ``relaunch_parent=<old id>`` (for people; nothing trusts it) and ``nonce`` (see
+        relaunch/models/lineage.py) in its comment. Every call submits: finding a child an
+        earlier call submitted is the caller's, from its own record (the restart step's audit
+        trail), never from a comment any user can write."""
         job_id = names.job_id(job_id)
         excluded = [names.node_name(n) for n in exclude]
         # While COMPLETING, Slurm's record shrinks to the nodes still cleaning up, so the job's
@@ -530,18 +535,7 @@ class SlurmCli:
                 f"job {job_id} is still {before.state.value}",
                 hint="cancel it (or let it end) before resubmitting, so that two copies never run",
             )
-        for job in jobs:
-            if job.comment_fields.get(LINEAGE_KEY) == job_id:
-                return ActionResult(
-                    action="resubmit",
-                    target=job_id,
-                    changed=False,
-                    note=f"already resubmitted as {job.job_id}",
-                    before=_job_state_text(before),
-                    after=_job_state_text(job),
-                    new_job_id=job.job_id,
-                )
-        argv = resubmit_argv(before, excluded, submitter=self.submitter)
+        argv = resubmit_argv(before, excluded, submitter=self.submitter, nonce=nonce)
         script = await self.batch_script(job_id)
         result = await self._checked(argv, stdin=script)
         new_id = parse.sbatch_job_id(result.stdout)
@@ -614,14 +608,21 @@ def resubmit_identity(job: Job, submitter: Submitter) -> list[str]:
 
 
 def resubmit_argv(
-    job: Job, exclude: Sequence[str], *, submitter: Submitter | None = None
+    job: Job,
+    exclude: Sequence[str],
+    *,
+    submitter: Submitter | None = None,
+    nonce: str | None = None,
 ) -> list[str]:
     """The sbatch command that recreates ``job`` from its record, run as the job's user (see
-    :func:`resubmit_identity`; ``submitter`` defaults to this process); the script comes on
-    stdin."""
+    :func:`resubmit_identity`; ``submitter`` defaults to this process), with ``nonce`` in its
+    comment when given; the script comes on stdin."""
     identity = resubmit_identity(job, submitter or Submitter(uid=os.geteuid()))
-    fields = {k: v for k, v in job.comment_fields.items() if k != LINEAGE_KEY}
+    # The parent's own lineage keys are never copied: they are this submission's to set.
+    fields = {k: v for k, v in job.comment_fields.items() if k not in (LINEAGE_KEY, NONCE_KEY)}
     fields[LINEAGE_KEY] = job.job_id
+    if nonce is not None:
+        fields[NONCE_KEY] = checked_nonce(nonce)
     comment = names.comment(",".join(f"{k}={v}" for k, v in fields.items()))
     argv = ["sbatch", "--parsable", f"--comment={comment}", "--open-mode=append"]
     if job.name:
