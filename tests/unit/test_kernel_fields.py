@@ -1,9 +1,10 @@
-"""Issue 29 row 1: the kernel log quotes text a user chooses. A node's kernel log convicts a
-node only where the driver writes: at the message start after the kernel's own prefix, on a
-line of the kernel's (not a user-space syslog line), never on a line that reports a user
-process, and an Xid's quoted comm never steers its decode. Each attack below drained the node
-before (a verdict of isolate_and_restart, corroborated by `kernel_log`); the controls show that
-a genuine Xid 79 still drains in every shape a kernel log is kept in.
+"""Issue 29 row 1, and row 9's operator-configured files (at the end). The kernel log quotes text a
+user chooses: a node's kernel log convicts a node only where the driver writes, at the message
+start after the kernel's own prefix, on a line of the kernel's (not a user-space syslog line),
+never on a line that reports a user process, and an Xid's quoted comm never steers its decode.
+Each attack below drained the node before (a verdict of isolate_and_restart, corroborated by
+`kernel_log`); the controls show that a genuine Xid 79 still drains in every shape a kernel log
+is kept in.
 
 The segfault lines are the kernel's own, read back from ``dmesg`` on this machine's kernel
 (6.18; arch/x86/mm/fault.c ``show_signal_msg`` and mm/memory.c ``print_vma_addr``) after a
@@ -12,15 +13,23 @@ tests/adversarial/test_kernel_fields.py, which produces them on the real stack).
 
 from __future__ import annotations
 
+import asyncio
+import os
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from relaunch.connectors.joboutput import FileEvidence, read_file_evidence
+from relaunch.connectors.logs import FileTail
 from relaunch.connectors.telemetry.kernlog import KernelLine
+from relaunch.console.auth import ConsoleRole, TokensFileError, TokenStore, write_tokens
 from relaunch.detection.attribution import attribute_bundle
 from relaunch.detection.signatures import Catalogue, Signature
 from relaunch.models.bundle import Bundle, BundleJob
+from relaunch.models.config import JobOutputSettings
 from relaunch.models.recovery import Action, Verdict
+from relaunch.models.scheduler import Job
 from relaunch.workers.agent_runtime import kernel_samples
 
 NODES = ["n1", "n2", "n3"]
@@ -254,3 +263,66 @@ def test_a_hardware_kernel_pattern_must_start_with_the_drivers_words() -> None:
     }
     with pytest.raises(ValueError, match="starts with the driver's words"):
         Signature.model_validate(bad)
+
+
+# ------------------------------------------------- row 9: operator-configured files, their owner
+
+ORDINARY_UID = 54321  # above UID_MIN: an ordinary user's (no account is needed to own a file)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
+
+
+def node_evidence(pattern: str) -> FileEvidence:
+    job = Job(job_id="7", user="root", user_id=0, group_id=0, nodes=["n2"])
+    return asyncio.run(
+        read_file_evidence(
+            job,
+            start=0,
+            node_log_pattern=pattern,
+            settings=JobOutputSettings(),
+            log_limit=1 << 20,
+            node_log_limit=1 << 20,
+        )
+    )
+
+
+@needs_root
+@pytest.mark.parametrize("how", ["owner", "mode", "directory"])
+def test_a_node_log_an_ordinary_user_could_write_is_refused(tmp_path: Path, how: str) -> None:
+    """A kernel log that a user owns, that anyone may write, or whose directory a user owns
+    (so that the file could be swapped) is not the kernel's word: never read, and said."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    log = folder / "n2.log"
+    log.write_text(f"[  405.5] {XID79}\n")
+    log.chmod(0o644)
+    if how == "owner":
+        os.chown(log, ORDINARY_UID, 0)
+    elif how == "mode":
+        log.chmod(0o666)
+    else:
+        os.chown(folder, ORDINARY_UID, 0)
+    files = node_evidence(str(folder / "{node}.log"))
+    assert files.node_logs == {}, files.node_logs
+    reason = files.refused_paths[str(log)]
+    assert "trusted evidence" in reason, reason
+    tail = FileTail(log)  # the watcher's and the agent's tail
+    assert tail.read() == b"" and tail.refused == reason
+
+
+@needs_root
+def test_control_a_root_owned_node_log_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "n2.log"
+    log.write_text(f"[  405.5] {XID79}\n")
+    log.chmod(0o644)
+    files = node_evidence(str(tmp_path / "{node}.log"))
+    assert XID79 in files.node_logs["n2"] and files.refused_paths == {}
+
+
+@needs_root
+def test_a_tokens_file_an_ordinary_user_could_write_is_refused(tmp_path: Path) -> None:
+    """Whoever may write the tokens file may give themselves any role."""
+    tokens = tmp_path / "tokens.json"
+    write_tokens(tokens, [("vera", ConsoleRole.VIEWER)])
+    os.chown(tokens, ORDINARY_UID, 0)
+    with pytest.raises(TokensFileError, match="refusing the console tokens file"):
+        TokenStore(tokens)
