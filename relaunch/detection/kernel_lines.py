@@ -47,16 +47,18 @@ _KERNEL_PREFIX = re.compile(
     rf"(?P<stamp>{_STAMP})? ?(?:\[ *[TC]\d{{1,10}}\] ?)?"
 )
 
-# What the kernel prints about a user process. Most start with the process's comm (up to 15
-# characters of anything): a comm that imitates a driver's words sits at the message start.
+# A process's comm: up to 15 bytes of anything, each of which /dev/kmsg may print as `\xNN`.
+_COMM = r"(?:\\x[0-9a-f]{2}|[^\n]){0,15}"
+# What the kernel prints about a user process. Most start with the process's comm: a comm that
+# imitates a driver's words sits at the message start.
 _USER_START = re.compile(
-    r"(?:[^\n]{0,15}\[\d{1,10}\](?::| (?:general protection|trap|bad frame|vsyscall))"
+    rf"(?:{_COMM}\[\d{{1,10}}\](?::| (?:general protection|trap|bad frame|vsyscall))"
     r"|traps: "
     r"|potentially unexpected fatal signal"
-    r"|[^\n]{0,15} invoked oom-killer: "
+    rf"|{_COMM} invoked oom-killer: "
     r"|(?:Out of memory|Memory cgroup out of memory)(?: \([\w ]{1,40}\))?: Kill"
     r"|oom-kill:|oom_reaper: |Memory cgroup stats for |Task in /"
-    r"|INFO: task [^\n]{0,15}:\d{1,10} blocked"
+    rf"|INFO: task {_COMM}:\d{{1,10}} blocked"
     r"|CPU: \d{1,6} (?:UID: \d{1,10} )?PID: \d{1,10} Comm: )"
 )
 # A user frame, as print_vma_addr writes it (arch/x86/mm/fault.c show_signal_msg and others):
@@ -65,7 +67,7 @@ _USER_START = re.compile(
 _USER_FRAME = re.compile(r"\[(?:[0-9a-f]{1,16},)?[0-9a-f]{1,16}\+[0-9a-f]{1,16}\]")
 # The comm an Xid line quotes after the code: `, pid=<n>, name=<comm>, ` (comm: at most 15
 # characters, and may itself hold ", "). The cut goes to the last ", " the comm could reach.
-_XID_COMM = re.compile(r"(,\s?(?:pid=(?:\d{1,10}|'<unknown>'),\s?)?)name=[^\n]{0,15}, ")
+_XID_COMM = re.compile(rf"(,\s?(?:pid=(?:\d{{1,10}}|'<unknown>'),\s?)?)name={_COMM}, ")
 _XID_START = re.compile(r"NVRM: Xid \([^)]{0,64}\): \d{1,6}")
 
 

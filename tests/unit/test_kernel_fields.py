@@ -188,6 +188,11 @@ def test_an_xid_comm_does_not_steer_the_decode() -> None:
         "0x0, 0x0, 0x0, 0x0)"
     )
     assert not drains(head + ignorable)
+    # /dev/kmsg prints a comm's control bytes as `\xNN`: still at most 15 bytes of comm.
+    escaped = "3,339,405521234,-;NVRM: Xid (PCI:0000:3b:00): " + harmless.replace(
+        "to 0x2,", "to 0x2\\x01\\x02,"
+    )
+    assert "\\x01" in escaped and not drains(escaped)
 
 
 @pytest.mark.parametrize(
