@@ -14,6 +14,13 @@ as easy to submit as ``-o train.out``. So a job's file is read only when:
   then group, then other, as the kernel decides), and search permission on every directory above
   it — the job's access, never the service's own.
 
+A file the operator's configuration names (a node's kernel log, the agents' telemetry) is
+trusted evidence, so it is read only when no ordinary user could have written it: the file and
+every directory above it are owned by root, the service's own account or a system account
+(uid below ``UID_MIN`` of /etc/login.defs), and writable by no group or other that an ordinary
+user is in (a sticky directory, such as /tmp, may be: nobody can replace another's file there)
+(:func:`operator_file_problem`).
+
 Anything else is *refused*: never read, and reported with the reason so that the evidence
 records it. Reads run in a worker thread with a timeout (:func:`read_tail`), never on an event
 loop. Linux only (``O_PATH`` and ``/proc/self/fd``), as Slurm is.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import grp
 import os
 import pwd
 import stat
@@ -159,6 +167,84 @@ def _check_job_file(fd: int, path: str, st: os.stat_result, access: FileAccess) 
         parent = os.path.dirname(parent)
 
 
+def _login_defs(key: str, default: int) -> int:
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open("/etc/login.defs", encoding="utf-8", errors="replace") as fh,
+    ):
+        for line in fh:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == key:
+                return int(parts[1])
+    return default
+
+
+def _system_uid(uid: int) -> bool:
+    """Root, this service's own account, or a system account (below UID_MIN; not nobody)."""
+    return uid in (0, os.geteuid()) or (uid < _login_defs("UID_MIN", 1000) and uid != 65534)
+
+
+def _system_gid(gid: int) -> bool:
+    """A group no ordinary user is in: root's, this service's own, or a system group (below
+    GID_MIN) none of whose members, named or by their primary group, is an ordinary user."""
+    if gid in (0, os.getegid()):
+        return True
+    if gid >= _login_defs("GID_MIN", 1000) or gid == 65534:
+        return False
+    try:
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        members = []
+    for name in members:
+        with contextlib.suppress(KeyError):
+            if not _system_uid(pwd.getpwnam(name).pw_uid):
+                return False
+    return all(_system_uid(p.pw_uid) for p in pwd.getpwall() if p.pw_gid == gid)
+
+
+def _writers(st: os.stat_result, *, directory: bool) -> str | None:
+    """Who other than root or a system account may write ``st``, in words; None if nobody."""
+    mode = st.st_mode
+    if not _system_uid(st.st_uid):
+        return f"owned by uid {st.st_uid}"
+    if directory and mode & stat.S_ISVTX:
+        return None  # a sticky directory: no one replaces a file they do not own
+    if mode & stat.S_IWOTH:
+        return f"writable by anyone (mode {stat.S_IMODE(mode):04o})"
+    if mode & stat.S_IWGRP and not _system_gid(st.st_gid):
+        return f"writable by group {st.st_gid} (mode {stat.S_IMODE(mode):04o})"
+    return None
+
+
+def operator_file_problem(path: str, st: os.stat_result, real: str | None = None) -> str | None:
+    """Why an ordinary user could have written the operator-configured file ``path`` (its
+    stat ``st``, its real path ``real``), or None when only root, the service's account or a
+    system account could: checked on the file and every directory above it."""
+    real = real or os.path.realpath(path)
+    problem = _writers(st, directory=False)
+    if problem:
+        return (
+            f"{path}: {problem}; a file read as trusted evidence must be writable only by "
+            "root or a system account"
+        )
+    parent = os.path.dirname(real)
+    while True:
+        try:
+            dst = os.stat(parent)
+        except OSError:
+            return f"{path}: cannot check directory {parent}"
+        problem = _writers(dst, directory=True)
+        if problem:
+            return (
+                f"{path}: its directory {parent} is {problem}, so another file could be put in "
+                "its place; a file read as trusted evidence must be writable only by root or a "
+                "system account"
+            )
+        if parent == "/":
+            return None
+        parent = os.path.dirname(parent)
+
+
 def _kind(st: os.stat_result) -> str:
     mode = st.st_mode
     for test, name in (
@@ -209,6 +295,10 @@ def open_checked(
             raise RefusedPathError(f"{path}: {_kind(st)}, not a regular file")
         if access.job_file and inode_key(st) != checked:
             _check_job_file(probe, path, st, access)
+        elif not access.job_file and inode_key(st) != checked:
+            problem = operator_file_problem(path, st, _real_path(probe, path))
+            if problem:
+                raise RefusedPathError(problem)
         if not _O_PATH:
             return os.dup(probe)
         fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -322,4 +412,6 @@ async def read_file_evidence(
             )
             if read.text:
                 out.node_logs[node] = read.text
+            if read.refused:
+                out.refused_paths[node_log_pattern.format(node=node)] = read.refused
     return out

@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from relaunch.connectors.joboutput import operator_file_problem
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.names import cluster_name
 
@@ -166,9 +167,18 @@ class TokenStore:
 
     def _load(self) -> None:
         try:
-            mtime = self.path.stat().st_mtime
+            st = self.path.stat()
+            mtime = st.st_mtime
             if mtime == self._mtime:
                 return
+            # Whoever may write the file may give themselves any role (trusted_health too).
+            problem = operator_file_problem(str(self.path), st)
+            if problem:
+                raise TokensFileError(
+                    f"refusing the console tokens file: {problem}",
+                    hint="chown root (or the service's account) and chmod 0600 the file, in a "
+                    "directory only root may write",
+                )
             entries = _ENTRIES.validate_json(self.path.read_bytes())
         except OSError as exc:
             raise TokensFileError(

@@ -176,7 +176,7 @@ def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
     floor = out.first_time - NODE_LOOKBACK if out.first_time else None
     for node, text in bundle.node_logs.items():
         stats = ScanStats()
-        found = catalogue.scan(text, source="node_log", source_node=node, stats=stats)
+        found = catalogue.scan(text, source="node_log", source_node=node, stats=stats, kernel=True)
         out.cut_lines += stats.cut_lines
         for m in _capped(found, out.dropped, Counter()):
             finding = Finding(
@@ -449,7 +449,9 @@ def telemetry_findings(
         if text is None and sample.xid is not None:
             text = f"NVRM: Xid (telemetry {sample.node} {where}): {sample.xid}, telemetry"
         if text:
-            m = catalogue.match_line(text, line_no=no, source="telemetry", source_node=sample.node)
+            m = catalogue.match_line(
+                text, line_no=no, source="telemetry", source_node=sample.node, kernel=True
+            )
             if m is not None:
                 stamped = m.model_copy(update={"timestamp": sample.time or m.timestamp})
                 out.append(Finding(stamped, "telemetry.jsonl", node, stamped.timestamp))

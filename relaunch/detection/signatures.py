@@ -4,6 +4,13 @@ A line is matched after the prefixes other layers add are stripped (``srun -l``'
 PyTorch's ``[rank<r>]:``, syslog and kernel stamps), so that anchored patterns such as a Python
 exception line work whatever wrapped them. One line yields at most one match: the first entry,
 in catalogue order, whose pattern matches (so specific entries come before generic ones).
+
+A trusted kernel source (a node's kernel log, a kernel line the node agent forwards) is matched
+another way (``kernel=True``): only entries with a ``kernel`` pattern take part, that pattern must
+match from the first character of the kernel's message (relaunch.detection.kernel_lines), a line
+that is not the kernel's (another syslog tag or facility) matches nothing, and a line that
+reports a user process matches only application entries (a segfault, an OOM kill), whatever
+driver text it quotes. Job output is matched as before: it only points.
 """
 
 from __future__ import annotations
@@ -21,6 +28,12 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relaunch.detection.kernel_lines import (
+    KernelRecord,
+    kernel_message,
+    reports_user_process,
+    without_comm,
+)
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.literals import MIN_KEYWORD, required_literals
 from relaunch.detection.scanner import make_prefilter
@@ -85,6 +98,12 @@ class Signature(BaseModel):
         default=None,
         description="xid: the match's id, category, role and severity come from the Xid table",
     )
+    kernel: str | None = Field(
+        default=None,
+        description="the pattern in a trusted kernel source: matched from the first character "
+        "of the kernel's message, as the driver writes it, with no room for text before it; "
+        "None: the entry never matches a trusted kernel line",
+    )
 
     @model_validator(mode="after")
     def _check_pattern(self) -> Signature:
@@ -94,6 +113,21 @@ class Signature(BaseModel):
             compiled = re.compile(self.pattern)
         except re.error as exc:
             raise ValueError(f"{self.id}: bad pattern: {exc}") from exc
+        if self.kernel is not None:
+            wildcard = self.kernel.startswith(("^", ".", "(?:.", "[^"))
+            if _GLOBAL_FLAGS.match(self.kernel) or (
+                wildcard and self.category is not Category.APPLICATION
+            ):
+                # Only a report about a process (its comm first) starts with free text.
+                raise ValueError(f"{self.id}: a kernel pattern starts with the driver's words")
+            try:
+                kernel = re.compile(self.kernel)
+            except re.error as exc:
+                raise ValueError(f"{self.id}: bad kernel pattern: {exc}") from exc
+            if set(kernel.groupindex) != set(compiled.groupindex) - {"host"}:
+                raise ValueError(f"{self.id}: the kernel pattern has the pattern's groups")
+            if self.culprit is not Culprit.SOURCE_NODE:
+                raise ValueError(f"{self.id}: a kernel line blames its own node (source_node)")
         unknown = set(compiled.groupindex) - _ALLOWED_GROUPS
         if unknown:
             raise ValueError(f"{self.id}: unsupported named groups {sorted(unknown)}")
@@ -171,6 +205,12 @@ class _Compiled(NamedTuple):
     regex: re.Pattern[str]
 
 
+class _Kernel(NamedTuple):
+    signature: Signature
+    regex: re.Pattern[str]
+    on_user_process: bool  # an application entry: may match a line about a user process
+
+
 class Catalogue:
     """The compiled catalogue. Build it with :meth:`load`.
 
@@ -181,6 +221,11 @@ class Catalogue:
 
     def __init__(self, signatures: Sequence[Signature], *, engine: str | None = None) -> None:
         self._entries = [_Compiled(s, re.compile(s.pattern)) for s in signatures]
+        self._kernel = [
+            _Kernel(s, re.compile(s.kernel), s.category is Category.APPLICATION)
+            for s in signatures
+            if s.kernel is not None
+        ]
         self._by_id = {s.id: s for s in signatures}
         self._xid_entry = next((s for s in signatures if s.decoder == "xid"), None)
         self._prefilter = make_prefilter([s.pattern for s in signatures], engine)
@@ -219,20 +264,68 @@ class Catalogue:
         return found
 
     def match_line(
-        self, line: str, *, line_no: int, source: str, source_node: str | None = None
+        self,
+        line: str,
+        *,
+        line_no: int,
+        source: str,
+        source_node: str | None = None,
+        kernel: bool = False,
+        record: KernelRecord | None = None,
     ) -> SignatureMatch | None:
         """The first entry, in catalogue order, that matches ``line`` (no newline), or None.
-        Only the first :data:`MAX_LINE` characters are looked at."""
+        Only the first :data:`MAX_LINE` characters are looked at. ``kernel``: the line comes from
+        a trusted kernel source (see the module's docstring); ``record`` carries what the
+        previous line of the same log said (a piece of a record split at a newline)."""
         line = line[:MAX_LINE]
+        if kernel:
+            return self._match_kernel(line, line_no, source, source_node, record)
         prefix = _PREFIX.match(line)
         assert prefix is not None  # every part of the prefix is optional
         body = line[prefix.end() :]
         for entry in self._entries:
             found = entry.regex.search(body)
             if found:
+                task_text, torch_text = prefix.group("task"), prefix.group("rank")
+                if torch_text is None:
+                    pg = _PG_RANK.search(body)
+                    torch_text = pg.group(1) if pg else None
                 return _build(
-                    entry.signature, found, prefix, body, line, line_no, source, source_node
+                    entry.signature,
+                    found,
+                    body,
+                    line,
+                    line_no,
+                    source,
+                    source_node,
+                    task_text=task_text,
+                    torch_text=torch_text,
                 )
+        return None
+
+    def _match_kernel(
+        self,
+        line: str,
+        line_no: int,
+        source: str,
+        source_node: str | None,
+        record: KernelRecord | None,
+    ) -> SignatureMatch | None:
+        message = kernel_message(line)
+        if message is None:
+            return None
+        text = without_comm(message.text)
+        user = reports_user_process(text)
+        if record is not None:
+            if message.stamp is not None and message.stamp == record.stamp:
+                user = user or record.user
+            record.stamp, record.user = message.stamp, user
+        for entry in self._kernel:
+            if user and not entry.on_user_process:
+                continue
+            found = entry.regex.match(text)
+            if found:
+                return _build(entry.signature, found, text, line, line_no, source, source_node)
         return None
 
     def scan_bytes(
@@ -243,10 +336,19 @@ class Catalogue:
         first_line_no: int = 1,
         source_node: str | None = None,
         stats: ScanStats | None = None,
+        kernel: bool = False,
+        record: KernelRecord | None = None,
     ) -> list[SignatureMatch]:
         """Match every line of ``data`` (UTF-8, newline-separated; a last line without its
         newline counts); line numbers start at ``first_line_no``. Lines longer than
-        :data:`MAX_LINE` are matched on their start and counted in ``stats``."""
+        :data:`MAX_LINE` are matched on their start and counted in ``stats``. ``kernel``: a
+        trusted kernel source, read line by line (``record``: carried from the last scan)."""
+        if kernel:
+            lines = data.decode("utf-8", errors="replace").split("\n")
+            if lines and not lines[-1]:
+                lines.pop()
+            numbered = enumerate((line.removesuffix("\r") for line in lines), first_line_no)
+            return self._scan_kernel(numbered, source, source_node, stats, record)
         out: list[SignatureMatch] = []
         for index, line in self._candidates(data, stats):
             found = self.match_line(
@@ -263,9 +365,14 @@ class Catalogue:
         source: str,
         source_node: str | None = None,
         stats: ScanStats | None = None,
+        kernel: bool = False,
+        record: KernelRecord | None = None,
     ) -> list[SignatureMatch]:
         """Match numbered lines, each without its newline (as :class:`LineBuffer` yields them);
-        lines longer than :data:`MAX_LINE` are matched on their start and counted in ``stats``."""
+        lines longer than :data:`MAX_LINE` are matched on their start and counted in ``stats``.
+        ``kernel``: a trusted kernel source (``record``: carried from the last scan)."""
+        if kernel:
+            return self._scan_kernel(lines, source, source_node, stats, record)
         numbered = list(lines)
         data = "\n".join(line for _, line in numbered).encode("utf-8", "surrogatepass")
         out: list[SignatureMatch] = []
@@ -284,6 +391,8 @@ class Catalogue:
         first_line_no: int = 1,
         source_node: str | None = None,
         stats: ScanStats | None = None,
+        kernel: bool = False,
+        record: KernelRecord | None = None,
     ) -> list[SignatureMatch]:
         """Match every line of ``text``; line numbers start at ``first_line_no``."""
         data = text.encode("utf-8", "surrogatepass")
@@ -293,7 +402,33 @@ class Catalogue:
             first_line_no=first_line_no,
             source_node=source_node,
             stats=stats,
+            kernel=kernel,
+            record=record,
         )
+
+    def _scan_kernel(
+        self,
+        lines: Iterable[tuple[int, str]],
+        source: str,
+        source_node: str | None,
+        stats: ScanStats | None,
+        record: KernelRecord | None,
+    ) -> list[SignatureMatch]:
+        """A trusted kernel source, every line in order (each kernel pattern is tried at the
+        message start only, so a line costs a few failed first characters; the order carries
+        what a line says about the pieces after it)."""
+        record = record if record is not None else KernelRecord()
+        out: list[SignatureMatch] = []
+        for no, line in lines:
+            if len(line) > MAX_LINE and stats is not None:
+                stats.cut_lines += 1
+            found = self.match_line(
+                line, line_no=no, source=source, source_node=source_node, kernel=True,
+                record=record,
+            )  # fmt: skip
+            if found is not None:
+                out.append(found)
+        return out
 
     def _candidates(self, data: bytes, stats: ScanStats | None) -> Iterator[tuple[int, str]]:
         """(0-based line index, decoded line without its line end, cut at MAX_LINE bytes) for
@@ -329,19 +464,16 @@ def _default_catalogue() -> Catalogue:
 def _build(
     signature: Signature,
     found: re.Match[str],
-    prefix: re.Match[str],
     body: str,
     line: str,
     line_no: int,
     source: str,
     source_node: str | None,
+    *,
+    task_text: str | None = None,
+    torch_text: str | None = None,
 ) -> SignatureMatch:
     groups = found.groupdict()
-    task_text = prefix.group("task")
-    torch_text = prefix.group("rank")
-    if torch_text is None:
-        pg = _PG_RANK.search(body)
-        torch_text = pg.group(1) if pg else None
     rank_text = task_text or torch_text
     host = groups.get("host")
     if signature.culprit is Culprit.SOURCE_NODE:
@@ -355,7 +487,8 @@ def _build(
     }
     if signature.decoder == "xid" and xid is not None:
         code = int(xid)
-        rest = body[found.end() : found.end() + 512] if reads_the_line(code) else ""
+        # The comm the driver quotes is the user's: it must not steer the decode.
+        rest = without_comm(body[found.end() : found.end() + 512]) if reads_the_line(code) else ""
         fields.update(_xid_fields(code, rest))
     return SignatureMatch(
         **fields,

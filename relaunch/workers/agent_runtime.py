@@ -41,6 +41,7 @@ from relaunch.connectors.telemetry.kernlog import (
 )
 from relaunch.connectors.telemetry.nvml import NvmlCollector
 from relaunch.connectors.telemetry.samples import ChangeFilter, pci_key
+from relaunch.detection.kernel_lines import KernelRecord
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.bundle import TelemetrySample, TelemetrySource
 
@@ -162,14 +163,25 @@ def kernel_samples(
     collector: NvmlCollector | None = None,
     first_line_no: int = 1,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    record: KernelRecord | None = None,
 ) -> list[TelemetrySample]:
-    """A sample for every kernel line the catalogue matches (Xid, SXid, mlx5, OOM, ...).
+    """A sample for every kernel line the catalogue matches (Xid, SXid, mlx5, OOM, ...), read
+    as a trusted kernel source: a signature counts only at the message start, never on a line
+    about a user process (``record``: what the log's previous line said, kept by the caller).
 
     The Xid number comes from the catalogue's match; the PCI address the line names is mapped
     to the GPU NVML knows at that address, when there is one."""
+    record = record if record is not None else KernelRecord()
     out: list[TelemetrySample] = []
     for no, line in enumerate(lines, start=first_line_no):
-        match = catalogue.match_line(line.text, line_no=no, source="kernel", source_node=line.node)
+        match = catalogue.match_line(
+            line.text,
+            line_no=no,
+            source="kernel",
+            source_node=line.node,
+            kernel=True,
+            record=record,
+        )
         if match is None:
             continue
         sample = TelemetrySample(
@@ -223,6 +235,7 @@ class Agent:
             asyncio.Queue() for _ in self.sinks
         ]
         self._kernel_lines = 0
+        self._kernel_record = KernelRecord()
 
     async def once(self) -> list[TelemetrySample]:
         """One full sample per GPU, sent to every sink."""
@@ -350,6 +363,7 @@ class Agent:
             self.catalogue,
             collector=self.collector,
             first_line_no=self._kernel_lines + 1,
+            record=self._kernel_record,
         )
         self._kernel_lines += len(lines)
         if samples:

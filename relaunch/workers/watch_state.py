@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from relaunch.connectors.logs import FileTail
 from relaunch.connectors.telemetry import TelemetryTail
 from relaunch.detection.findings import CLOCK_SKEW
+from relaunch.detection.kernel_lines import KernelRecord
 from relaunch.detection.lines import Line, LineBuffer
 from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import SignatureMatch
@@ -88,6 +89,8 @@ class NodeFeed:
     matches: list[SignatureMatch] = field(default_factory=list)
     telemetry_matches: list[SignatureMatch] = field(default_factory=list)
     read_in: int = -1  # -1: never read (its first telemetry read is the GPUs' baseline)
+    # What the log's last line said about its record (a piece after a newline), between reads.
+    record: KernelRecord = field(default_factory=KernelRecord)
 
 
 @dataclass

@@ -644,7 +644,11 @@ class Watcher:
             feed.matches = [
                 match
                 for match in self._catalogue.scan_lines(
-                    lines, source=feed.log.tail.path, source_node=node
+                    lines,
+                    source=feed.log.tail.path,
+                    source_node=node,
+                    kernel=True,
+                    record=feed.record,
                 )
                 if match.role in REPORTED_ROLES
             ]
