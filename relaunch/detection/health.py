@@ -43,9 +43,9 @@ CENSUS_MARK = "relaunch-census:"
 _WRAPPER = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do command -v "$1" >/dev/null 2>&1 || '
     '{ echo "' + SKIP_MARK + '$1 is not installed on ${SLURMD_NODENAME:-$(hostname)}"; exit 0; }; '
-    'shift; n=$((n-1)); done; '
+    "shift; n=$((n-1)); done; "
     'c() { echo "' + CENSUS_MARK + '" '
-    '$(ps -e -o uid= 2>/dev/null | { sort -un 2>/dev/null || cat; }); }; '
+    "$(ps -e -o uid= 2>/dev/null | { sort -un 2>/dev/null || cat; }); }; "
     'c; "$@"; r=$?; c; exit $r'
 )
 # Not a person: the overflow uid and (uid_t)-1.
