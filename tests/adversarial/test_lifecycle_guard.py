@@ -208,8 +208,9 @@ async def test_a_check_failing_beside_a_users_process_is_inconclusive_not_a_rebo
         checks = await rows(t, lid, "checks")
         assert len(checks) == 1, [c.summary for c in checks]
         run = checks[0].data
-        assert not run["passed"] and f"uid {t.user.pw_uid}" in run["inconclusive"], run
-        assert "dev-gpu" in run["inconclusive"], run["inconclusive"]
+        gpu = next(r for r in run["results"] if r["id"] == "dev-gpu")
+        assert not gpu["passed"] and t.user.pw_uid in gpu["users"], gpu  # the census saw her
+        assert not run["passed"] and "dev-gpu failed while" in run["inconclusive"], run
         assert now.tried == [] and "inconclusive" in now.outcome, now.outcome
         assert slurmd_pid(stack.slurm, node) == slurmd, "the node's slurmd was restarted"
         assert (await t.h.sched.get_node(node)).drain_flag
