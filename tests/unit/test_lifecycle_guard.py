@@ -177,7 +177,7 @@ class Activities(LifecycleActivities):
 async def checks(
     maint: Maintenance, monkeypatch: pytest.MonkeyPatch, wait_s: float = 5.0
 ) -> tuple[CheckRun, Audit, FakeScheduler]:
-    monkeypatch.setattr(lifecycle_activities, "CLEAR_POLL_S", 0.01)
+    monkeypatch.setattr(lifecycle_activities, "CLEAR_POLL_S", 0.01, raising=False)
     sched = FakeScheduler()
     sched.set_node("n1", state=NodeState.MIXED, flags=["DRAIN"], reason="relaunch incident x")
     config = ClusterConfig(name="c", database_url="postgresql://x", bundle_dir="/tmp")
