@@ -10,8 +10,11 @@ killed mid-step) finds its work done rather than doing it twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import pwd
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -70,6 +73,15 @@ class RepairWebhookError(RelaunchError):
     """The repair webhook did not take the ticket (retried)."""
 
     retryable = True
+
+
+def service_uids(names: Sequence[str]) -> frozenset[int]:
+    """The uids of the service accounts ``names`` (those this host knows)."""
+    uids = set()
+    for name in names:
+        with contextlib.suppress(KeyError):
+            uids.add(pwd.getpwnam(name).pw_uid)
+    return frozenset(uids)
 
 
 def repair_reason(ticket: str) -> str:
@@ -281,6 +293,7 @@ class LifecycleActivities:
                 f"{settings.drain_wait_s:g}s: no check started beside it",
             )
         await self._undrain(inp)
+        ignored = await asyncio.to_thread(service_uids, settings.census_ignore_users)
         started = datetime.now(UTC)
         for check in checks_for(settings, inp.category):
             beat(f"check {check.id} on {inp.node}")
@@ -321,6 +334,7 @@ class LifecycleActivities:
                     seconds=round(time.monotonic() - t0, 2),
                     timed_out=code is None,
                     uid_min=settings.user_uid_min,
+                    ignore_uids=ignored,
                 )
             )
         run = CheckRun(

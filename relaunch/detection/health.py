@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -88,10 +88,10 @@ def clip(text: str, limit: int = OUTPUT_MAX) -> str:
     return text[:half] + f"\n[... {len(text) - limit} characters cut ...]\n" + text[-half:]
 
 
-def split_census(output: str, uid_min: int) -> tuple[str, list[int]]:
+def split_census(output: str, uid_min: int, ignore: Collection[int] = ()) -> tuple[str, list[int]]:
     """The check's output without the wrapper's census lines, and the uids from ``uid_min`` up
-    that the censuses saw. Every census line counts: a line the check's own output forges can
-    only add users (an inconclusive run), never hide one."""
+    (but ``ignore``, service accounts) that the censuses saw. Every census line counts: a line
+    the check's own output forges can only add users (an inconclusive run), never hide one."""
     kept: list[str] = []
     users: set[int] = set()
     for line in output.splitlines(keepends=True):
@@ -101,7 +101,7 @@ def split_census(output: str, uid_min: int) -> tuple[str, list[int]]:
         for word in line[len(CENSUS_MARK) :].split()[:100_000]:
             if word.isascii() and word.isdigit() and len(word) <= 10:
                 uid = int(word)
-                if uid >= uid_min and uid not in _NOT_USERS:
+                if uid >= uid_min and uid not in _NOT_USERS and uid not in ignore:
                     users.add(uid)
     return "".join(kept), sorted(users)
 
@@ -114,10 +114,11 @@ def judge(
     seconds: float = 0.0,
     timed_out: bool = False,
     uid_min: int = 1000,
+    ignore_uids: Collection[int] = (),
 ) -> CheckResult:
     """Whether a command check passed, from its exit code and output (the wrapper's census
     lines taken out, and the users they saw kept in ``users``)."""
-    output, users = split_census(output, uid_min)
+    output, users = split_census(output, uid_min, ignore_uids)
     kept = clip(output)
     first = next((ln for ln in output.splitlines() if ln.startswith(SKIP_MARK)), None)
     if first is not None and exit_code == 0:

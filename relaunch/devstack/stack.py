@@ -369,6 +369,8 @@ class Stack:
             ],
             reboot_timeout_s=120,
             check_workdir=str(checks_dir),
+            # The nodes share this machine: its PostgreSQL runs as a regular account, no user.
+            census_ignore_users=["embedded_postgres"],
             checks=[
                 HealthCheck(
                     id="dev-gpu",

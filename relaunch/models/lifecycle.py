@@ -282,6 +282,12 @@ class LifecycleSettings(BaseModel):
         description="processes of uids from this one up (nobody, 65534, aside) are a user's: "
         "a check that fails while one is on the node is inconclusive",
     )
+    census_ignore_users: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description="service accounts (not people) with uids in the users' range whose "
+        "processes on a node are no user's, e.g. a database's; looked up by name",
+    )
 
 
 class LifecycleFault(BaseModel):

@@ -89,6 +89,7 @@ def test_the_census_finds_users_and_a_forged_line_can_only_add_one() -> None:
     check = HealthCheck(id="c", argv=["x"], pass_pattern="^ok$")
     assert judge(check, 0, out).passed and judge(check, 0, out).users == [1001, 1002]
     assert split_census("relaunch-census: 0 x;rm 77\n", 1000)[1] == []
+    assert split_census(out, 1000, ignore={1001})[1] == [1002]  # a service account: no user
 
 
 def test_a_failure_beside_a_user_or_a_job_is_inconclusive_a_plain_failure_is_not() -> None:
