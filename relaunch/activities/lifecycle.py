@@ -333,7 +333,8 @@ class LifecycleActivities:
                     output,
                     seconds=round(time.monotonic() - t0, 2),
                     timed_out=code is None,
-                    uid_min=settings.user_uid_min,
+                    # No census: no uid (all are below 2**32) counts as a user's.
+                    uid_min=settings.user_uid_min if settings.census else 1 << 32,
                     ignore_uids=ignored,
                 )
             )

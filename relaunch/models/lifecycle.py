@@ -276,6 +276,11 @@ class LifecycleSettings(BaseModel):
         description="how long the checks wait for the jobs still on a draining node to end; "
         "past it the run is inconclusive and the node goes to a person",
     )
+    census: bool = Field(
+        default=True,
+        description="count the users' processes on the node around each check (a failure "
+        "beside one is inconclusive); off only where nodes share one machine (the dev stack)",
+    )
     user_uid_min: int = Field(
         default=1000,
         ge=1,

@@ -35,7 +35,7 @@ from relaunch.devstack.stack import Stack
 from relaunch.models.lifecycle import LifecycleStatus, NodeStage
 from relaunch.models.recovery import Mode, Policy
 from relaunch.models.scheduler import JobState
-from tests.adversarial.hostile import HOSTILE_USER, QUIET_JOB, Tier
+from tests.adversarial.hostile import QUIET_JOB, Tier
 from tests.integration.helpers import restore_lifecycles, wait_job
 
 # Two drains in the module: the guard lets both through.
@@ -53,12 +53,18 @@ POLICY = Policy(
 async def guarded(tier: Tier, stack: Stack) -> AsyncIterator[Tier]:
     """The tier's cluster with the dev cluster's lifecycle on (autonomous, a short settle),
     its storage check pointed at a shared scratch folder anyone may write (no sticky bit, as
-    on a project folder of a parallel filesystem)."""
+    on a project folder of a parallel filesystem), and the census of the node's processes on
+    (the dev cluster turns it off: its nodes share this machine)."""
     scratch = tier.h.tmp / "scratch"
     scratch.mkdir(exist_ok=True)
     scratch.chmod(0o777)
     settings = stack.lifecycle_settings(stack.home()).model_copy(
-        update={"settle_s": 2.0, "check_workdir": str(scratch), "mode": Mode.AUTONOMOUS}
+        update={
+            "settle_s": 2.0,
+            "check_workdir": str(scratch),
+            "mode": Mode.AUTONOMOUS,
+            "census": True,
+        }
     )
     tier.h.configure(lifecycle=settings)
     tier.h.kill("worker")
@@ -191,7 +197,7 @@ async def test_a_check_failing_beside_a_users_process_is_inconclusive_not_a_rebo
     faults.mark_gpu_fault(stack.home().root / "nodes" / node)  # the genuine fault stays
     # Mallory's process on the node, outside any job (a login, a leftover).
     lurker = await asyncio.create_subprocess_exec(
-        "runuser", "-u", HOSTILE_USER, "--", "sleep", "300"
+        "sleep", "300", user=t.user.pw_uid, group=t.user.pw_gid, extra_groups=[]
     )
     try:
         slurmd = slurmd_pid(stack.slurm, node)

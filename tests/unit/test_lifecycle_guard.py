@@ -176,7 +176,7 @@ class Activities(LifecycleActivities):
 
 
 async def checks(
-    maint: Maintenance, monkeypatch: pytest.MonkeyPatch, wait_s: float = 5.0
+    maint: Maintenance, monkeypatch: pytest.MonkeyPatch, wait_s: float = 5.0, census: bool = True
 ) -> tuple[CheckRun, Audit, FakeScheduler]:
     monkeypatch.setattr(lifecycle_activities, "CLEAR_POLL_S", 0.01, raising=False)
     sched = FakeScheduler()
@@ -189,6 +189,7 @@ async def checks(
         checks=[site],
         skip_checks=[c.id for c in builtin_checks()],
         drain_wait_s=wait_s,
+        census=census,
     )
     inp = ChecksInput(
         lifecycle_id="relaunch-c-lifecycle-n1-1", cluster="c", node="n1", settings=settings,
@@ -230,6 +231,9 @@ async def test_a_failed_check_beside_a_users_process_is_inconclusive(
     assert not run.passed and "site failed while processes of uid 1001" in run.inconclusive
     alone, _, _ = await checks(Maintenance([[]], output="boom\n", code=1), monkeypatch)
     assert not alone.passed and alone.inconclusive == ""  # the node's own failure
+    # Where the census is off (nodes sharing one machine), a failure is the node's again.
+    off, _, _ = await checks(Maintenance([[]], output=out, code=1), monkeypatch, census=False)
+    assert not off.passed and off.inconclusive == "" and off.results[0].users == []
 
 
 # ------------------------------------------------------------------ the workflow
