@@ -10,8 +10,11 @@ killed mid-step) finds its work done rather than doing it twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import pwd
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,7 +26,16 @@ from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_error
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.maintenance import NodeMaintenance, RebootRefusedError
 from relaunch.connectors.telemetry.files import read_node_telemetry
-from relaunch.detection.health import checks_for, judge, judge_counters, ladder_for, wrapped_argv
+from relaunch.detection.health import (
+    checks_for,
+    describe_jobs,
+    foreign_jobs,
+    inconclusive_reason,
+    judge,
+    judge_counters,
+    ladder_for,
+    wrapped_argv,
+)
 from relaunch.models.errors import NodeNotFoundError, RelaunchError, SchedulerError
 from relaunch.models.lifecycle import (
     CheckKind,
@@ -33,6 +45,7 @@ from relaunch.models.lifecycle import (
     EscalateInput,
     EscalateResult,
     HoldInput,
+    NodeJob,
     NodeStepInput,
     ReturnResult,
     Rung,
@@ -52,12 +65,23 @@ WEBHOOK_TIMEOUT_S = 15.0
 BACK_READS = 3
 # A validation waits this long for a node that does not answer yet (just rebooted or repaired).
 ANSWER_WAIT_S = 60.0
+# How often the checks look again whether a draining node's jobs have ended.
+CLEAR_POLL_S = 3.0
 
 
 class RepairWebhookError(RelaunchError):
     """The repair webhook did not take the ticket (retried)."""
 
     retryable = True
+
+
+def service_uids(names: Sequence[str]) -> frozenset[int]:
+    """The uids of the service accounts ``names`` (those this host knows)."""
+    uids = set()
+    for name in names:
+        with contextlib.suppress(KeyError):
+            uids.add(pwd.getpwnam(name).pw_uid)
+    return frozenset(uids)
 
 
 def repair_reason(ticket: str) -> str:
@@ -149,18 +173,65 @@ class LifecycleActivities:
     @keeps_heartbeating
     async def reserve(self, inp: NodeStepInput) -> str:
         """Fence the node off in its maintenance reservation (no user job starts there), then
-        clear the drain so that the checks can run on it as Slurm steps. Returns the node's
+        clear the drain so that the checks can run on it as Slurm steps, unless a job is still
+        on it (a draining node is not drained yet: the checks wait for it). Returns the node's
         state after, from a fresh read."""
         maint = self._maintenance()
-        name = reservation_name(inp.node)
         beat(f"reserve {inp.node}")
-        await maint.reserve_node(name, inp.node)
+        await maint.reserve_node(reservation_name(inp.node), inp.node)
+        busy = foreign_jobs(await maint.jobs_on_node(inp.node), inp.node)
+        if busy:
+            node = await self.deps.scheduler.get_node(inp.node)
+            return f"{node.display_state}, still running {describe_jobs(busy)}"
+        return await self._undrain(inp)
+
+    async def _undrain(self, inp: NodeStepInput) -> str:
+        """Clear the drain inside the reservation; the node's state after, from a fresh read."""
         node = await self.deps.scheduler.get_node(inp.node)
         if node.drain_flag and node.responding:  # a silent node stays drained: nothing runs there
-            beat(f"undrain {inp.node} inside {name}")
+            beat(f"undrain {inp.node} inside {reservation_name(inp.node)}")
             await self.deps.scheduler.resume_node(inp.node)
             node = await self.deps.scheduler.get_node(inp.node)
         return node.display_state
+
+    async def _until_clear(self, inp: ChecksInput) -> list[NodeJob]:
+        """Wait (up to the settings' drain_wait_s) until Slurm lists no job on the node but
+        Relaunch's own; the jobs still there after it ([] once clear). A wait is recorded: why,
+        and how long it took."""
+        maint = self._maintenance()
+        busy = foreign_jobs(await maint.jobs_on_node(inp.node), inp.node)
+        if not busy:
+            return []
+        limit = inp.settings.drain_wait_s
+        info = activity.info()
+        key = f"{info.workflow_run_id}:{info.activity_id}"
+        await self.deps.audit_row(
+            inp.lifecycle_id,
+            "checks_wait",
+            f"{inp.purpose}: {inp.node} still runs {describe_jobs(busy)}: no check starts "
+            f"beside a job; waiting up to {limit:g}s",
+            dedupe=f"checks_wait:{key}",
+            nodes=[inp.node],
+            data={"jobs": [j.model_dump(mode="json") for j in busy], "purpose": inp.purpose},
+        )
+        t0 = time.monotonic()
+        while busy and time.monotonic() - t0 < limit:
+            beat(f"wait for {describe_jobs(busy)} to leave {inp.node}")
+            await asyncio.sleep(min(CLEAR_POLL_S, max(0.0, limit - (time.monotonic() - t0))))
+            busy = foreign_jobs(await maint.jobs_on_node(inp.node), inp.node)
+        waited = time.monotonic() - t0
+        await self.deps.audit_row(
+            inp.lifecycle_id,
+            "checks_waited",
+            f"{inp.node} clear after {waited:.0f}s: the checks start"
+            if not busy
+            else f"{inp.node} still runs {describe_jobs(busy)} after {waited:.0f}s: no check "
+            "started",
+            dedupe=f"checks_waited:{key}",
+            nodes=[inp.node],
+            data={"seconds": round(waited, 1), "jobs": [j.model_dump(mode="json") for j in busy]},
+        )
+        return busy
 
     @activity.defn(name="lifecycle_hold")
     @typed_errors
@@ -210,6 +281,20 @@ class LifecycleActivities:
                 started_at=started,
                 finished_at=datetime.now(UTC),
             )
+        # A draining node is not drained yet: no check starts beside a job, and one whose job
+        # never leaves says nothing about the node.
+        busy = await self._until_clear(inp)
+        if busy:
+            return CheckRun(
+                purpose=inp.purpose,
+                started_at=started,
+                finished_at=datetime.now(UTC),
+                inconclusive=f"{describe_jobs(busy)} still on {inp.node} after "
+                f"{settings.drain_wait_s:g}s: no check started beside it",
+            )
+        await self._undrain(inp)
+        ignored = await asyncio.to_thread(service_uids, settings.census_ignore_users)
+        started = datetime.now(UTC)
         for check in checks_for(settings, inp.category):
             beat(f"check {check.id} on {inp.node}")
             if check.kind is CheckKind.TELEMETRY:
@@ -248,14 +333,21 @@ class LifecycleActivities:
                     output,
                     seconds=round(time.monotonic() - t0, 2),
                     timed_out=code is None,
+                    # No census: no uid (all are below 2**32) counts as a user's.
+                    uid_min=settings.user_uid_min if settings.census else 1 << 32,
+                    ignore_uids=ignored,
                 )
             )
-        return CheckRun(
+        run = CheckRun(
             purpose=inp.purpose,
             results=results,
             started_at=started,
             finished_at=datetime.now(UTC),
         )
+        if run.failed:  # a user could have made it fail: then it says nothing about the node
+            after = foreign_jobs(await maint.jobs_on_node(inp.node), inp.node)
+            run.inconclusive = inconclusive_reason(results, after)
+        return run
 
     # ------------------------------------------------------------------ rungs
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -24,20 +24,32 @@ from relaunch.models.lifecycle import (
     CheckResult,
     HealthCheck,
     LifecycleSettings,
+    NodeJob,
     Rung,
+    reservation_name,
 )
 from relaunch.models.recovery import Category
+from relaunch.models.scheduler import JobState
 
 CATALOGUE = Path(__file__).with_name("health_checks.json")
 # What the wrapper prints (and exits 0 after) when a program a check requires is missing.
 SKIP_MARK = "relaunch-check-skip: "
-# Runs the check's command only where every program it requires is installed on the node:
+# What the wrapper prints just before and just after the check: the uid of every process on
+# the node (the node's own process table, read by the step, which runs as root).
+CENSUS_MARK = "relaunch-census:"
+# Runs the check's command only where every program it requires is installed on the node,
+# between two censuses of the node's processes, and exits with the command's status:
 # ``sh -c WRAPPER sh <how many required> <required...> <argv...>``.
 _WRAPPER = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do command -v "$1" >/dev/null 2>&1 || '
     '{ echo "' + SKIP_MARK + '$1 is not installed on ${SLURMD_NODENAME:-$(hostname)}"; exit 0; }; '
-    'shift; n=$((n-1)); done; exec "$@"'
+    "shift; n=$((n-1)); done; "
+    'c() { echo "' + CENSUS_MARK + '" '
+    "$(ps -e -o uid= 2>/dev/null | { sort -un 2>/dev/null || cat; }); }; "
+    'c; "$@"; r=$?; c; exit $r'
 )
+# Not a person: the overflow uid and (uid_t)-1.
+_NOT_USERS = frozenset({65534, 4294967295})
 
 
 class Catalogue(BaseModel):
@@ -76,6 +88,24 @@ def clip(text: str, limit: int = OUTPUT_MAX) -> str:
     return text[:half] + f"\n[... {len(text) - limit} characters cut ...]\n" + text[-half:]
 
 
+def split_census(output: str, uid_min: int, ignore: Collection[int] = ()) -> tuple[str, list[int]]:
+    """The check's output without the wrapper's census lines, and the uids from ``uid_min`` up
+    (but ``ignore``, service accounts) that the censuses saw. Every census line counts: a line
+    the check's own output forges can only add users (an inconclusive run), never hide one."""
+    kept: list[str] = []
+    users: set[int] = set()
+    for line in output.splitlines(keepends=True):
+        if not line.startswith(CENSUS_MARK):
+            kept.append(line)
+            continue
+        for word in line[len(CENSUS_MARK) :].split()[:100_000]:
+            if word.isascii() and word.isdigit() and len(word) <= 10:
+                uid = int(word)
+                if uid >= uid_min and uid not in _NOT_USERS and uid not in ignore:
+                    users.add(uid)
+    return "".join(kept), sorted(users)
+
+
 def judge(
     check: HealthCheck,
     exit_code: int | None,
@@ -83,8 +113,12 @@ def judge(
     *,
     seconds: float = 0.0,
     timed_out: bool = False,
+    uid_min: int = 1000,
+    ignore_uids: Collection[int] = (),
 ) -> CheckResult:
-    """Whether a command check passed, from its exit code and output."""
+    """Whether a command check passed, from its exit code and output (the wrapper's census
+    lines taken out, and the users they saw kept in ``users``)."""
+    output, users = split_census(output, uid_min, ignore_uids)
     kept = clip(output)
     first = next((ln for ln in output.splitlines() if ln.startswith(SKIP_MARK)), None)
     if first is not None and exit_code == 0:
@@ -96,6 +130,7 @@ def judge(
             exit_code=exit_code,
             output=kept,
             seconds=seconds,
+            users=users,
         )
 
     def result(passed: bool, detail: str) -> CheckResult:
@@ -106,6 +141,7 @@ def judge(
             exit_code=exit_code,
             output=kept,
             seconds=seconds,
+            users=users,
         )
 
     if timed_out:
@@ -190,3 +226,49 @@ def ladder_for(settings: LifecycleSettings, remedy: str | None, category: Catego
     if Rung.ESCALATE in out:
         out = out[: out.index(Rung.ESCALATE)]
     return [*out, Rung.ESCALATE]
+
+
+def foreign_jobs(jobs: Sequence[NodeJob], node: str) -> list[NodeJob]:
+    """The jobs on ``node`` that keep its checks from starting: every job Slurm lists there
+    (running, completing, suspended, ...) but Relaunch's own, root's jobs in the node's
+    maintenance reservation (which admits root only). A job's name is never asked: a user
+    chooses it. A pending job holds nothing there."""
+    own = reservation_name(node)
+    return [
+        j
+        for j in jobs
+        if j.state is not JobState.PENDING
+        and not j.state.is_terminal
+        and not (j.uid == 0 and j.reservation == own)
+    ]
+
+
+def describe_jobs(jobs: Sequence[NodeJob]) -> str:
+    """``job 12 (uid 1001, RUNNING), ...``: for the audit trail (Slurm's fields only)."""
+    shown = [
+        f"job {j.job_id} (uid {j.uid if j.uid is not None else '?'}, {j.state.value})"
+        for j in jobs[:5]
+    ]
+    more = f" and {len(jobs) - 5} more" if len(jobs) > 5 else ""
+    return ", ".join(shown) + more
+
+
+def inconclusive_reason(results: Sequence[CheckResult], after: Sequence[NodeJob]) -> str:
+    """Why a run whose checks failed says nothing about the node, or "": a user's process was
+    on the node while a failed check ran (its census), or a user's job was there when the run
+    ended (Slurm's fresh view). A user could have made the check fail; the node goes to a
+    person, never up the ladder."""
+    failed = [r for r in results if not r.skipped and not r.passed]
+    if not failed:
+        return ""
+    why: list[str] = []
+    beside = sorted({u for r in failed for u in r.users})
+    if beside:
+        ids = ", ".join(r.id for r in failed if r.users)
+        why.append(
+            f"{ids} failed while processes of uid {', '.join(map(str, beside[:10]))} "
+            "were on the node"
+        )
+    if after:
+        why.append(f"{describe_jobs(after)} on the node as the checks ended")
+    return "; ".join(why)[:400]

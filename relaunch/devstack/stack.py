@@ -369,6 +369,11 @@ class Stack:
             ],
             reboot_timeout_s=120,
             check_workdir=str(checks_dir),
+            # The nodes share this machine (and it may run other stacks' users' jobs): a census
+            # of its processes says nothing about one node. Where it is turned on (the
+            # lifecycle's adversarial tests), the stack's PostgreSQL account is no user.
+            census=False,
+            census_ignore_users=["embedded_postgres"],
             checks=[
                 HealthCheck(
                     id="dev-gpu",

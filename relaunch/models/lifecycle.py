@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, HttpUrl, field_validator
 
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import STRICT, Category, Mode
+from relaunch.models.scheduler import JobState
 
 _LIFECYCLE = re.compile(r"relaunch-(?P<cluster>.+)-lifecycle-(?P<node>.+)-(?P<n>[0-9]+)")
 # Check ids, rung names: what reaches a reservation name, a job name, a URL path.
@@ -147,6 +148,11 @@ class CheckResult(BaseModel):
     exit_code: int | None = None
     output: str = Field(default="", description="the command's output, head and tail kept")
     seconds: float = 0.0
+    users: list[int] = Field(
+        default_factory=list,
+        description="uids of users' processes (uid at least the settings' user_uid_min) on the "
+        "node just before or after the check ran, from the step's own process census",
+    )
 
 
 class CheckRun(BaseModel):
@@ -156,12 +162,17 @@ class CheckRun(BaseModel):
     results: list[CheckResult] = Field(default_factory=list)
     started_at: datetime
     finished_at: datetime
+    inconclusive: str = Field(
+        default="",
+        description="why the run says nothing about the node (a user's job never left it, or a "
+        "check failed while a user's process was there): never a reason for a rung",
+    )
 
     @property
     def passed(self) -> bool:
-        """Every check that ran passed, and at least one ran."""
+        """Every check that ran passed, at least one ran, and the run is not inconclusive."""
         ran = [r for r in self.results if not r.skipped]
-        return bool(ran) and all(r.passed for r in ran)
+        return bool(ran) and all(r.passed for r in ran) and not self.inconclusive
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -171,13 +182,24 @@ class CheckRun(BaseModel):
         ran = [r for r in self.results if not r.skipped]
         skipped = len(self.results) - len(ran)
         failed = self.failed
-        head = "passed" if self.passed else "failed"
+        head = "passed" if self.passed else "inconclusive" if self.inconclusive else "failed"
         text = f"{head}: {len(ran) - len(failed)} of {len(ran)} checks passed"
         if failed:
             text += " (" + "; ".join(f"{r.id}: {r.detail}" for r in failed)[:400] + ")"
         if skipped:
             text += f", {skipped} skipped"
+        if self.inconclusive:
+            text += f"; {self.inconclusive}"[:400]
         return text
+
+
+class NodeJob(BaseModel):
+    """A job on a node, in the fields Slurm writes (no name, comment or path a user chose)."""
+
+    job_id: str
+    uid: int | None = Field(description="the job's uid; None where Slurm's answer did not say")
+    state: JobState
+    reservation: str = ""
 
 
 class LifecycleSettings(BaseModel):
@@ -244,7 +266,32 @@ class LifecycleSettings(BaseModel):
     )
     check_workdir: str | None = Field(
         default=None,
-        description="the job filesystem's folder the storage check writes to (unset: /tmp)",
+        description="the job filesystem's folder under which the storage check makes its own "
+        "private folder (unset: /tmp)",
+    )
+    drain_wait_s: float = Field(
+        default=3600.0,
+        ge=0,
+        le=5400,
+        description="how long the checks wait for the jobs still on a draining node to end; "
+        "past it the run is inconclusive and the node goes to a person",
+    )
+    census: bool = Field(
+        default=True,
+        description="count the users' processes on the node around each check (a failure "
+        "beside one is inconclusive); off only where nodes share one machine (the dev stack)",
+    )
+    user_uid_min: int = Field(
+        default=1000,
+        ge=1,
+        description="processes of uids from this one up (nobody, 65534, aside) are a user's: "
+        "a check that fails while one is on the node is inconclusive",
+    )
+    census_ignore_users: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description="service accounts (not people) with uids in the users' range whose "
+        "processes on a node are no user's, e.g. a database's; looked up by name",
     )
 
 

@@ -94,6 +94,9 @@ LONG = CallPolicy(
     ),
     heartbeat=timedelta(seconds=15),
 )
+# A run that says nothing about the node (a user's job never left it, or a check failed beside
+# a user's process) sends the node to a person instead of up the ladder.
+INCONCLUSIVE = "lifecycle-inconclusive-to-person"
 # While the node waits for its repair, the lifecycle wakes this often to start afresh
 # (continue-as-new) where Temporal suggests it: it may wait for weeks.
 REPAIR_WAKE = timedelta(days=1)
@@ -402,6 +405,7 @@ class NodeLifecycleWorkflow:
         if run.passed:
             await self._return("the checks passed: " + run.summary())
             return
+        await self._not_conclusive(run)
         await self._hold()
         for rung in self._ladder:
             if rung is Rung.ESCALATE:
@@ -418,12 +422,20 @@ class NodeLifecycleWorkflow:
             if run.passed:
                 await self._return(f"validated after {rung.value}: " + run.summary())
                 return
+            await self._not_conclusive(run)
             await self._hold()
         raise _Escalate(
             "the ladder is spent: "
             + (", ".join(r.value for r in self._tried) or "no rung applied")
             + f"; last checks {run.summary()}"
         )
+
+    async def _not_conclusive(self, run: CheckRun) -> None:
+        """A run that says nothing about the node is never a reason for a rung: the node is
+        held and goes to a person (repair) with the reason. Raises _Escalate for such a run."""
+        if run.inconclusive and workflow.patched(INCONCLUSIVE):
+            await self._hold("checks inconclusive")
+            raise _Escalate(f"the checks were inconclusive: {run.inconclusive}")
 
     async def _apply(self, rung: Rung, run: CheckRun) -> bool:
         """Apply one rung (approved first in monitor mode); whether it was applied."""
@@ -518,6 +530,8 @@ class NodeLifecycleWorkflow:
                     return
                 await self._hold()
                 why = f"failed its checks after the repair: {run.summary()}"
+                if run.inconclusive:
+                    why = f"the checks after the repair were inconclusive: {run.inconclusive}"
             except _Escalate as again:
                 why = str(again)
             except ActivityError as err:

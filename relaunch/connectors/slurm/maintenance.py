@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from relaunch.connectors.slurm.runner import CommandResult, failure, raise_for_controller
 from relaunch.models import names
 from relaunch.models.errors import SchedulerError, SchedulerTimeoutError
-from relaunch.models.scheduler import ActionResult, Node
+from relaunch.models.lifecycle import NodeJob
+from relaunch.models.scheduler import ActionResult, JobState, Node
 
 log = logging.getLogger(__name__)
 if TYPE_CHECKING:
@@ -30,6 +31,35 @@ def reservation(value: str) -> str:
     if not _RESERVATION.fullmatch(value):
         raise ValueError(f"reservation name {value!r} is not valid")
     return value
+
+
+# squeue's fields for the jobs on a node: only what Slurm writes (id, uid, state, reservation),
+# never a name, comment or path a user chose, so that no job's text can shape a row.
+NODE_JOBS_FORMAT = "%i %U %T %v"
+
+
+def parse_node_jobs(text: str) -> list[NodeJob]:
+    """The rows of ``squeue -h -w NODE -o NODE_JOBS_FORMAT``. A row that is not four fields
+    still counts as a job of an unknown user (it keeps the checks waiting, never lets them
+    start)."""
+    jobs: list[NodeJob] = []
+    for line in text.splitlines()[:10_000]:
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 4 or not parts[1].isdigit():
+            jobs.append(NodeJob(job_id=line.strip()[:40], uid=None, state=JobState.UNKNOWN))
+            continue
+        job_id, uid, state, resv = parts
+        jobs.append(
+            NodeJob(
+                job_id=job_id[:40],
+                uid=int(uid),
+                state=JobState.parse(state),
+                reservation="" if resv == "(null)" else resv[:80],
+            )
+        )
+    return jobs
 
 
 class RebootRefusedError(SchedulerError):
@@ -52,6 +82,15 @@ class NodeMaintenance:
 
     async def get_node(self, name: str) -> Node:
         return await self._cli.get_node(name)
+
+    async def jobs_on_node(self, node: str) -> list[NodeJob]:
+        """Every job Slurm lists on ``node`` now (a fresh squeue: running, completing,
+        suspended, ...), in the fields Slurm writes."""
+        node = names.node_name(node)
+        result = await self._run(["squeue", "-h", "-t", "all", "-w", node, "-o", NODE_JOBS_FORMAT])
+        if result.returncode != 0:
+            raise failure(result)
+        return parse_node_jobs(result.stdout)
 
     async def reservation_nodes(self, name: str) -> list[str] | None:
         """The nodes of reservation ``name`` (as Slurm writes them), None when there is none."""
