@@ -47,7 +47,14 @@ from relaunch.detection.signatures import Catalogue, Role, SignatureMatch
 from relaunch.detection.straggler import find_stragglers
 from relaunch.detection.xids import OUTCOMES, Bucket, Implicates, Outcome, Remedy, xid_table
 from relaunch.models.bundle import HEALTH_FILE, Bundle
-from relaunch.models.recovery import Action, Category, EvidenceLine, Verdict, XidEvidence
+from relaunch.models.recovery import (
+    RESTARTING,
+    Action,
+    Category,
+    EvidenceLine,
+    Verdict,
+    XidEvidence,
+)
 
 NODE_CATEGORIES = frozenset({Category.GPU_HARDWARE, Category.NETWORK, Category.NODE_FAILURE})
 # Slurm's words for a node that is down or failing, matched as whole words of its state
@@ -96,8 +103,9 @@ def attribute_bundle(
     found.items = [f for f in found.items if not _foreign_banner(f, bundle.job.job_id)]
     found.items = _resolve_xids(found)
     verdict = _decide(bundle, found)
-    # A running job whose ranks advance, with no trusted fault: nothing to recover (yet).
-    still = verdict.action is not Action.NONE and _still_running(bundle, found)
+    # A running job whose ranks advance, with no trusted fault: nothing to restart (yet). An
+    # application error the job reports about itself still holds it (that harms no one else).
+    still = verdict.action in RESTARTING and _still_running(bundle, found)
     folded = Counter(f.signature for f in found.by_role(Role.CASCADE, Role.TEARDOWN))
     verdict.folded = dict(sorted(folded.items(), key=lambda kv: (-kv[1], kv[0])))
     if (

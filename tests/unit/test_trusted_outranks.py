@@ -255,6 +255,10 @@ def test_a_running_job_is_acted_on_when_it_stalled_or_a_trusted_source_names_a_f
     assert not v.still_running and v.category is Category.HANG and v.action is Action.RESTART
     # No progress printed: nothing says it advances.
     assert not attribute_bundle(bundle(WATCHDOG)).still_running
+    # An application error the job reports about itself still holds it (no one else's job).
+    app = attribute_bundle(bundle(PROGRESS + "1: RuntimeError: injected\n", progress_step=20))
+    assert app.category is Category.APPLICATION and app.action is Action.HOLD
+    assert not app.still_running
     # A trusted kernel Xid on one of its nodes.
     b = bundle(PROGRESS, progress_step=20, node_logs={"n2": XID79})
     assert not attribute_bundle(b).still_running
