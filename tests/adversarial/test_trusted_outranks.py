@@ -34,7 +34,8 @@ def script(*lines: str) -> str:
 
 
 def out_of_service(t: Tier) -> dict[str, str]:
-    """Nodes drained or down now (a fenced node is both), with Slurm's reason."""
+    """Nodes drained, down or failed now (a fenced node is drained and down), with Slurm's
+    reason."""
     out = subprocess.run(
         ["sinfo", "-N", "-h", "-o", "%N|%T|%E"],
         env=t.env,
@@ -44,7 +45,7 @@ def out_of_service(t: Tier) -> dict[str, str]:
         check=True,
     ).stdout
     rows = [line.split("|", 2) for line in out.splitlines() if line.strip()]
-    return {n: r for n, st, r in rows if "drain" in st.lower() or "down" in st.lower()}
+    return {n: r for n, st, r in rows if any(w in st.lower() for w in ("drain", "down", "fail"))}
 
 
 def opt_in(t: Tier, job_id: str) -> None:
