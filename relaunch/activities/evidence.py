@@ -22,6 +22,7 @@ from relaunch.connectors.logstores import fetch_evidence_logs
 from relaunch.connectors.telemetry import read_job_telemetry
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import lines_since
+from relaunch.detection.markers import last_progress
 from relaunch.detection.planning import PlanHistory, held_out, make_plan, partition_size
 from relaunch.detection.progress import last_checkpoint
 from relaunch.models.bundle import BundleJob
@@ -206,9 +207,9 @@ class EvidenceActivities:
             job_log, node_logs, log_size = files.job_log, files.node_logs, files.log_size
             refused = files.refused_paths
         # Megabytes of log, line by line: not on the event loop.
-        checkpoint = await asyncio.to_thread(
-            last_checkpoint, job_log, self.deps.config.watch.progress_pattern
-        )
+        pattern = self.deps.config.watch.progress_pattern
+        checkpoint = await asyncio.to_thread(last_checkpoint, job_log, pattern)
+        progress_step = await asyncio.to_thread(last_progress, job_log, pattern)
         bundle_job = BundleJob(
             cluster=inp.cluster,
             job_id=job.job_id,
@@ -221,6 +222,7 @@ class EvidenceActivities:
             unreachable_nodes=unreachable,
             detections=[e.summary for e in events if e.kind == "detection"],
             last_progress_at=_last_progress(events),
+            progress_step=progress_step,
             refused_paths=refused,
             submit_time=job.submit_time,
             user=job.user,

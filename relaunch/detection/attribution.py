@@ -47,10 +47,21 @@ from relaunch.detection.signatures import Catalogue, Role, SignatureMatch
 from relaunch.detection.straggler import find_stragglers
 from relaunch.detection.xids import OUTCOMES, Bucket, Implicates, Outcome, Remedy, xid_table
 from relaunch.models.bundle import HEALTH_FILE, Bundle
-from relaunch.models.recovery import Action, Category, EvidenceLine, Verdict, XidEvidence
+from relaunch.models.recovery import (
+    RESTARTING,
+    Action,
+    Category,
+    EvidenceLine,
+    Verdict,
+    XidEvidence,
+)
 
 NODE_CATEGORIES = frozenset({Category.GPU_HARDWARE, Category.NETWORK, Category.NODE_FAILURE})
-_DOWN_WORDS = ("DOWN", "NOT_RESPONDING", "FAIL")
+# Slurm's words for a node that is down or failing, matched as whole words of its state
+# (``DOWN+NOT_RESPONDING``): ``POWERED_DOWN`` / ``POWERING_DOWN`` is power saving, not a fault.
+_DOWN_WORDS = frozenset({"DOWN", "NOT_RESPONDING", "FAIL", "FAILING"})
+# sinfo's one-character suffixes of a state (``down*``, ``idle~``): none is part of the word.
+_STATE_SUFFIXES = "*~#!%$@^-"
 _DRIVER_XIDS = frozenset({119, 120})
 _CONFIRMED_BY_OOM = frozenset({"srun_task_killed"})
 STALL_AFTER = timedelta(minutes=10)
@@ -92,13 +103,21 @@ def attribute_bundle(
     found.items = [f for f in found.items if not _foreign_banner(f, bundle.job.job_id)]
     found.items = _resolve_xids(found)
     verdict = _decide(bundle, found)
+    # A running job whose ranks advance, with no trusted fault: nothing to restart (yet). An
+    # application error the job reports about itself still holds it (that harms no one else).
+    still = verdict.action in RESTARTING and _still_running(bundle, found)
     folded = Counter(f.signature for f in found.by_role(Role.CASCADE, Role.TEARDOWN))
     verdict.folded = dict(sorted(folded.items(), key=lambda kv: (-kv[1], kv[0])))
-    if not verdict.culprit_nodes and verdict.category in (
-        Category.HANG,
-        Category.NETWORK,
-        Category.UNKNOWN,
-        Category.NODE_FAILURE,
+    if (
+        not still
+        and not verdict.culprit_nodes
+        and verdict.category
+        in (
+            Category.HANG,
+            Category.NETWORK,
+            Category.UNKNOWN,
+            Category.NODE_FAILURE,
+        )
     ):
         _apply_reputation(verdict, bundle, reputation or {}, repeat_offender)
     verdict.corroboration = corroborate(bundle, found, verdict)
@@ -106,10 +125,18 @@ def attribute_bundle(
     verdict.action = default_action(verdict.category, verdict.culprit_nodes, verdict.corroboration)
     if verdict.repeat_offenders:  # drain and check the hardware, whatever the category says
         verdict.action = Action.ISOLATE_AND_RESTART
-    if verdict.action is Action.EXCLUDE_AND_RESTART:
+    if still:
+        verdict.still_running, verdict.action = True, Action.NONE
+        verdict.confidence = min(verdict.confidence, 0.5)
+        verdict.summary += (
+            f"; the job still runs and its ranks advance (step {bundle.job.progress_step}), and "
+            "no trusted source names a fault: recorded, no action"
+        )
+    elif verdict.action in (Action.EXCLUDE_AND_RESTART, Action.ISOLATE_AND_RESTART):
         # A job's own output can be written to name any node: how sure the line is of its
         # node says nothing about whether the node is at fault.
-        verdict.confidence = min(verdict.confidence, 0.7)
+        if verdict.action is Action.EXCLUDE_AND_RESTART:
+            verdict.confidence = min(verdict.confidence, 0.7)
         told = untrusted_health_nodes(verdict)
         named = [n for n, by in verdict.corroboration.items() if not by]
         if by_job := [n for n in named if n not in told]:
@@ -195,21 +222,26 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     job = bundle.job
     state = job.state.upper().split()[0] if job.state.strip() else ""
     roots = [f for f in found.by_role(Role.ROOT) if not _pointer(f, found)]
-    if state == "CANCELLED":
+    # What no job can write: a node-level fault a kernel log, telemetry or a trusted health
+    # event reports on one of the job's nodes, a node Slurm lists down, a node Relaunch's probes
+    # found unreachable. Neither a printed banner nor a cancel (even a real one, from the job's
+    # own error trap) hides it: the node is convicted and drained (a cancelled job is not
+    # restarted: planning.make_plan).
+    hardware = _trusted_hardware_root(bundle, roots) or bool(_dead_nodes(bundle))
+    if state == "CANCELLED" and not hardware:
         return _verdict(Category.USER_CANCEL, [], 0.95, _first(roots, "slurm_"), "job cancelled")
     # scancel shows in the job's log at once, while Slurm may still list the job RUNNING or
     # COMPLETING for a moment: a cancel of the whole job (not a step: srun kills a step the same
     # way after a bad exit) is the user's, whatever its dying ranks print after it.
-    # The banner is printed into the job's own output, so it is job-controlled: it never
-    # overrules a fault a trusted source reports on one of the job's nodes.
-    hardware = _trusted_hardware_root(bundle, roots)
+    # The banner is printed into the job's own output, so it is job-controlled.
     job_cancels = [
         f for f in roots if f.signature == "slurm_cancelled" and _JOB_CANCEL.search(f.match.text)
     ]
-    if job_cancels and not hardware and state in ("", "RUNNING", "COMPLETING", "CANCELLED"):
+    if job_cancels and not hardware and state in ("", "RUNNING", "COMPLETING"):
         return _verdict(Category.USER_CANCEL, [], 0.9, job_cancels[:3], "job cancelled (scancel)")
     # Likewise Slurm's preemption line comes before the state settles (and a requeued job is
-    # soon PENDING again): the line decides, not the momentary state.
+    # soon PENDING again): the line decides, not the momentary state. Slurm's own PREEMPTED
+    # state decides whatever the nodes say (Slurm requeues or ends the job itself).
     preempted = [f for f in roots if f.signature == "slurm_preemption"]
     if state == "PREEMPTED" or (
         preempted and not hardware and state in ("", "RUNNING", "COMPLETING", "PENDING", "REQUEUED")
@@ -304,10 +336,7 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
             f"Xid {lines[0].match.xid} on {len(driver)} of {len(job.nodes)} nodes: "
             "the driver, not the GPUs",
         )
-    dead = sorted(
-        {n for n, st in job.node_states.items() if n in job.nodes and _down_in_slurm(st)}
-        | {n for n in job.unreachable_nodes if n in job.nodes}
-    )
+    dead = _dead_nodes(bundle)
     if not by_node and not dead:
         return None
     evidence = [f for fs in by_node.values() for f in fs]
@@ -328,8 +357,38 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
 
 
 def _down_in_slurm(state: str) -> bool:
-    """DOWN, FAIL or not responding: our own ``+NOT_RESPONDING`` flag or sinfo's ``*``."""
-    return state.strip().endswith("*") or any(w in state.upper() for w in _DOWN_WORDS)
+    """DOWN, FAIL or not responding: our own ``+NOT_RESPONDING`` flag or sinfo's ``*``. Each
+    ``+``-separated word is compared whole (``POWERED_DOWN`` is not ``DOWN``)."""
+    words = {w.strip().rstrip(_STATE_SUFFIXES) for w in state.upper().split("+")}
+    return state.strip().endswith("*") or bool(words & _DOWN_WORDS)
+
+
+def _dead_nodes(bundle: Bundle) -> list[str]:
+    """The job's nodes that Slurm lists down or not responding, or that Relaunch's probes
+    found unreachable: what no job can print (docs/trust.md)."""
+    job = bundle.job
+    return sorted(
+        {n for n, st in job.node_states.items() if n in job.nodes and _down_in_slurm(st)}
+        | {n for n in job.unreachable_nodes if n in job.nodes}
+    )
+
+
+def _still_running(bundle: Bundle, found: Findings) -> bool:
+    """Whether the job still runs and its ranks advance (Slurm lists it RUNNING, its attempt
+    printed progress, and the watcher measured no stall), with no trusted source naming a
+    fault: no node-level or hang root in a kernel log, telemetry or a trusted health event,
+    no node Slurm lists down, none Relaunch's probes found unreachable. The progress lines are
+    the job's own words: they can only ever hold this job's own restart back."""
+    job = bundle.job
+    state = job.state.upper().split()[0] if job.state.strip() else ""
+    if state != "RUNNING" or job.progress_step is None or job.last_progress_at is not None:
+        return False
+    if _dead_nodes(bundle):
+        return False
+    return not any(
+        f.role is Role.ROOT and f.category in _CONVICTING and trusted_source(f.path)
+        for f in found.items
+    )
 
 
 def _trusted_hardware_root(bundle: Bundle, roots: list[Finding]) -> bool:

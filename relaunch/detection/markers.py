@@ -255,6 +255,20 @@ def last_checkpoint(text: str, pattern: str | None = None) -> int | None:
     return max(steps, default=None)
 
 
+def last_progress(text: str, pattern: str | None = None) -> int | None:
+    """The highest step a progress line in ``text`` names (saved and resume markers are not
+    progress), if any."""
+    vocab = vocabulary(pattern)
+    steps = [
+        mark.step
+        for body in line_bodies(text)
+        if vocab.resume(body) is None
+        and vocab.saved(body) is None
+        and (mark := vocab.progress(body)) is not None
+    ]
+    return max(steps, default=None)
+
+
 def resumed_progress(text: str, pattern: str | None = None) -> ResumeProgress | None:
     """The last resume marker in ``text`` and the highest progress step printed after it that
     is past the resumed step; None without a resume marker or a step past it. Lines are read

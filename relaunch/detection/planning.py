@@ -49,12 +49,14 @@ def default_action(
     category: Category, culprits: Sequence[str], corroboration: Mapping[str, Sequence[str]]
 ) -> Action:
     """The design's map from category to action: a node-level failure isolates its culprits
-    when a trusted source corroborates every one of them, else excludes them from this job's
-    restart (draining nothing); with no culprit it restarts."""
+    when a trusted source corroborates one of them (only those are drained: `make_plan`; the
+    others are excluded), else excludes them all from this job's restart (draining nothing);
+    with no culprit it restarts. Job-written noise naming more nodes never keeps a node that a
+    trusted source convicts in service."""
     action = DEFAULT_ACTIONS[category]
     if action is Action.ISOLATE_AND_RESTART and not culprits:
         return Action.RESTART
-    if action is Action.ISOLATE_AND_RESTART and not all(corroboration.get(n) for n in culprits):
+    if action is Action.ISOLATE_AND_RESTART and not any(corroboration.get(n) for n in culprits):
         return Action.EXCLUDE_AND_RESTART
     return action
 
@@ -146,6 +148,15 @@ def make_plan(
     corroboration = _corroboration(verdict, culprits, policy, history)
     action = default_action(verdict.category, culprits, corroboration)
     reasons = [f"{verdict.category.value} → {action.value} (the default for this verdict)"]
+    # Still running and advancing, no trusted fault (attribution), and no culprit the jobs of
+    # several users named: recorded, not acted on.
+    still = verdict.still_running and not any(corroboration[n] for n in culprits)
+    if still:
+        action = Action.NONE
+        reasons.append(
+            "the job still runs and its ranks advance, and no trusted source names a fault: "
+            "no action (recorded; a later fault of this attempt opens a new recovery)"
+        )
     guards: list[GuardDecision] = []
     suspects = [n for n in culprits if not corroboration[n]]
     by_users = [n for n in culprits if corroboration[n] == [SUSPECTED_BY_USERS]]
@@ -155,18 +166,19 @@ def make_plan(
             f"users in {policy.suspect_window_hours:g} h: corroborated"
         )
     told = untrusted_health_nodes(verdict)
-    if (by_job := [n for n in suspects if n not in told]) and action is Action.EXCLUDE_AND_RESTART:
+    excluding = action in {Action.ISOLATE_AND_RESTART, Action.EXCLUDE_AND_RESTART}
+    if (by_job := [n for n in suspects if n not in told]) and excluding:
         reasons.append(
             f"{', '.join(by_job)} named only by the job's output (no trusted source confirms "
             "it): excluded from this job's restart, suspect, not drained"
         )
-    if (by_sender := [n for n in suspects if n in told]) and action is Action.EXCLUDE_AND_RESTART:
+    if (by_sender := [n for n in suspects if n in told]) and excluding:
         reasons.append(
             f"{', '.join(by_sender)} named only by a health event of a sender not trusted with "
             "them (no trusted source confirms it): excluded from this job's restart, not drained"
         )
 
-    if verdict.category is Category.UNKNOWN and history.previous_unknown:
+    if verdict.category is Category.UNKNOWN and history.previous_unknown and not still:
         action = Action.HOLD
         reasons.append("unknown cause for the second time: hold for a human")
 
@@ -178,7 +190,19 @@ def make_plan(
             "though this incident alone names no node"
         )
 
-    if action in RESTARTING:
+    # Slurm lists the job CANCELLED (its user's scancel, an error trap's): a trusted fault on
+    # one of its nodes is still drained, but the job is not brought back against that cancel.
+    cancelled = job.state.upper().startswith("CANCELLED") and action in RESTARTING
+    if cancelled and action is not Action.ISOLATE_AND_RESTART:
+        action = Action.NONE
+        reasons.append("job cancelled (Slurm lists it CANCELLED): not restarted")
+    elif cancelled:
+        reasons.append(
+            "job cancelled (Slurm lists it CANCELLED): the convicted nodes are drained, the job "
+            "is not restarted"
+        )
+
+    if action in RESTARTING and not cancelled:
         budget = policy.restart_budget
         if job.max_restarts is not None:  # the job may ask for fewer, never for more
             budget = min(budget, job.max_restarts)
@@ -233,6 +257,7 @@ def make_plan(
         reasons=reasons,
         remedies=remedies,
         category=verdict.category,
+        job_cancelled=cancelled and action is Action.ISOLATE_AND_RESTART,
     )
 
 
@@ -258,8 +283,12 @@ def node_decision_nodes(verdict: Verdict, evidence: EvidenceSummary, policy: Pol
         return []
     culprits = sorted(set(verdict.culprit_nodes))
     action = default_action(verdict.category, culprits, verdict.corroboration)
-    if action is not Action.ISOLATE_AND_RESTART:
+    if action is not Action.ISOLATE_AND_RESTART or verdict.still_running:
+        return []
+    if not all(verdict.corroboration.get(n) for n in culprits):  # a suspect among them
         return []
     if not set(culprits) <= set(evidence.job.nodes):  # a culprit the job did not run on
+        return []
+    if evidence.job.state.upper().startswith("CANCELLED"):  # drained, never requeued
         return []
     return culprits

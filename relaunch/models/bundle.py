@@ -33,6 +33,11 @@ class BundleJob(BaseModel):
         default=None, description="a job line stamped before this (or in the future) is ignored"
     )
     user: str = Field(default="", description="the job's owner (cross-user corroboration)")
+    progress_step: int | None = Field(
+        default=None,
+        description="the highest training step the attempt's progress lines reached (the job's "
+        "own words; None when it printed none): with no stall measured, its ranks advance",
+    )
     refused_paths: dict[str, str] = Field(
         default_factory=dict,
         description="job output files not read (path → why: not a regular file, a symbolic "

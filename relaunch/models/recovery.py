@@ -200,6 +200,11 @@ class Verdict(BaseModel):
         default_factory=dict,
         description="culprit → the remediation rung its Xids call for: gpu_reset, reboot, escalate",
     )
+    still_running: bool = Field(
+        default=False,
+        description="the job still ran and its ranks advanced, and no trusted source named a "
+        "fault: recorded, not acted on (docs/trust.md)",
+    )
 
 
 class Policy(BaseModel):
@@ -371,6 +376,11 @@ class ActionPlan(BaseModel):
     )
     category: Category | None = Field(
         default=None, description="the fault's category: what the drained nodes' lifecycles check"
+    )
+    job_cancelled: bool = Field(
+        default=False,
+        description="Slurm lists the job CANCELLED (its user's or an admin's scancel): the "
+        "convicted nodes are drained, the job is not restarted",
     )
 
     @property

@@ -200,6 +200,12 @@ NODE_WAIT_SLACK = timedelta(minutes=15)
 JOB_LEFT_SLURM = "job-left-slurm"
 
 
+# Recoveries started after this patch end once the convicted nodes are drained when Slurm lists
+# the job CANCELLED (plan.job_cancelled: its user's scancel, with a trusted fault on one of its
+# nodes), instead of restarting the job against that cancel. Older histories replay unpatched.
+CANCELLED_NOT_RESTARTED = "cancelled-not-restarted"
+
+
 def stage_attributes(stage: Stage) -> list[SearchAttributeUpdate[Any]]:
     """The search attributes a recovery or a node decision upserts on entering ``stage``."""
     return [
@@ -335,6 +341,7 @@ class RecoveryWorkflow:
             self._patched(GUARD_REFUSALS)
             self._patched(JOB_LEFT_SLURM)
             self._patched(NODE_DECISIONS)
+            self._patched(CANCELLED_NOT_RESTARTED)
 
     @property
     def _quick_local(self) -> bool:
@@ -376,7 +383,9 @@ class RecoveryWorkflow:
 
     async def _record_detection(self, det: Detection) -> None:
         self._detections += 1
-        incident = self._incident or det.workflow_id
+        # Before the run starts (a signal-with-start's signal), this recovery's own id: a
+        # recovery opened again after one that took no action is not det.workflow_id.
+        incident = self._incident or workflow.info().workflow_id
         await call(
             EvidenceActivities.record_detection,
             RecordDetectionInput(incident_id=incident, detection=det),
@@ -746,6 +755,12 @@ class RecoveryWorkflow:
                     nodes=plan.suspect_nodes,
                     dedupe="suspect",
                     data={"job_id": plan.job_id, "suspect_nodes": plan.suspect_nodes},
+                )
+            if plan.job_cancelled and self._patched(CANCELLED_NOT_RESTARTED):
+                return await self._finish(
+                    Stage.DONE,
+                    f"drained {','.join(plan.drain_nodes) or 'nothing new'}; job {plan.job_id} "
+                    "was cancelled: not restarted",
                 )
             await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
             restarted = await self._act(ActionActivities.restart, act)

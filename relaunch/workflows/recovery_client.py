@@ -23,7 +23,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import SearchAttributeKey, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -41,10 +41,12 @@ from relaunch.models.lifecycle import (
 )
 from relaunch.models.node_decision import NodeDecisionStatus, parse_node_decision_id
 from relaunch.models.recovery import (
+    TRUSTED_DETECTION_SOURCES,
     Approval,
     Decision,
     DecisionInput,
     Detection,
+    DetectionSource,
     RecoveryInput,
     RecoveryStatus,
     Stage,
@@ -64,6 +66,14 @@ CLOCK_SLACK = timedelta(seconds=60)
 # out (it never reached a terminal stage); one that completed, or that a person terminated or
 # cancelled, is never started twice.
 RESTARTABLE = frozenset({WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TIMED_OUT})
+# A recovery that ended with no action (the job still ran and its ranks advanced with no trusted
+# fault, a cancel, a preemption) does not swallow a later fault of the same attempt: a detection
+# of what the job's user cannot write (or the watcher's own stall measure) opens a new recovery,
+# ``<id>-r2``, ``-r3``, ... at most this many for one attempt. The job's own output, or an
+# untrusted sender's event, again opens none: it would find nothing new.
+MAX_RECOVERIES_PER_ATTEMPT = 8
+REOPENING_SOURCES = TRUSTED_DETECTION_SOURCES | {DetectionSource.PROGRESS}
+SA_STAGE = SearchAttributeKey.for_keyword(sa.STAGE.name)
 _VISIBILITY_VALUE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -104,12 +114,42 @@ async def recovery_for(
     return suffixed, await _describe(client, suffixed)
 
 
+def reopened_id(workflow_id: str, n: int) -> str:
+    """The id of the ``n``-th recovery of one job attempt (n >= 2): see
+    MAX_RECOVERIES_PER_ATTEMPT."""
+    return f"{workflow_id}-r{n}"
+
+
+def _ended_without_action(desc: WorkflowExecutionDescription) -> bool:
+    """Whether the recovery ``desc`` describes completed at its no_action stage."""
+    if desc.status is not WorkflowExecutionStatus.COMPLETED:
+        return False
+    return desc.typed_search_attributes.get(SA_STAGE) == Stage.NO_ACTION.value
+
+
+async def current_recovery(
+    client: Client, det: Detection
+) -> tuple[str, WorkflowExecutionDescription | None]:
+    """:func:`recovery_for`, past the recoveries of the attempt that ended with no action when
+    ``det`` may open a new one (REOPENING_SOURCES): the id to signal or start, and its run."""
+    workflow_id, latest = await recovery_for(client, det)
+    if det.source not in REOPENING_SOURCES:
+        return workflow_id, latest
+    first, n = workflow_id, 1
+    while latest is not None and _ended_without_action(latest) and n < MAX_RECOVERIES_PER_ATTEMPT:
+        n += 1
+        workflow_id = reopened_id(first, n)
+        latest = await _describe(client, workflow_id)
+    return workflow_id, latest
+
+
 async def start_or_join(client: Client, config: ClusterConfig, det: Detection) -> bool:
     """Signal the job attempt's recovery with this detection, starting it if there is none
     (signal-with-start). Returns False when the recovery of this attempt has already ended
     (completed, or stopped by a person): it is never started again, and the late detection is
     dropped. A recovery whose workflow failed (it never reached a terminal stage) is started
-    again under the same id."""
+    again under the same id. After a recovery that ended with no action, a detection of what
+    the job's user cannot write opens the attempt's next recovery (:func:`current_recovery`)."""
     return await _signal_with_start(client, config, det, "detection", det, 1)
 
 
@@ -122,7 +162,7 @@ async def hand_over(client: Client, config: ClusterConfig, dets: list[Detection]
 async def _signal_with_start(
     client: Client, config: ClusterConfig, det: Detection, signal: str, arg: object, count: int
 ) -> bool:
-    workflow_id, latest = await recovery_for(client, det)
+    workflow_id, latest = await current_recovery(client, det)
     if (
         latest is not None
         and latest.status is not WorkflowExecutionStatus.RUNNING

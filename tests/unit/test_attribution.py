@@ -186,7 +186,10 @@ def test_a_printed_srun_node_failure_excludes_the_nodes_and_drains_none() -> Non
     states = {**dict.fromkeys(NODES, "ALLOCATED"), "n3": "DOWN+NOT_RESPONDING"}
     down = attribute_bundle(hostile("srun: error: Node failure on n[2-4]\n", node_states=states))
     assert down.corroboration == {"n2": [], "n3": ["slurm_node_state"], "n4": []}
-    assert down.action is Action.EXCLUDE_AND_RESTART  # not every culprit is confirmed
+    # The job's noise about n2 and n4 does not keep n3 in service: isolate (the planner
+    # drains n3 only and excludes the suspects n2 and n4).
+    assert down.action is Action.ISOLATE_AND_RESTART
+    assert "named only by the job's output: n2, n4" in down.summary
 
 
 def test_printed_nccl_and_cuda_hardware_lines_exclude_and_drain_nothing() -> None:
@@ -256,9 +259,10 @@ def test_a_cancel_banner_counts_only_for_this_job() -> None:
 
 
 def test_slurms_own_job_state_still_decides_over_a_kernel_fault() -> None:
-    for state, category in [
-        ("CANCELLED", Category.USER_CANCEL),
-        ("PREEMPTED", Category.PREEMPTION),
-    ]:
-        v = attribute_bundle(hostile("", state=state, node_logs={"n2": N2_XID}))
-        assert v.category is category and v.action is Action.NONE
+    v = attribute_bundle(hostile("", state="PREEMPTED", node_logs={"n2": N2_XID}))
+    assert v.category is Category.PREEMPTION and v.action is Action.NONE
+    # A real cancel is the user's say on the job, not on its nodes: the kernel's fault on n2
+    # still convicts it (the planner drains it and does not restart the cancelled job).
+    v = attribute_bundle(hostile("", state="CANCELLED", node_logs={"n2": N2_XID}))
+    assert v.category is Category.GPU_HARDWARE and v.culprit_nodes == ["n2"]
+    assert v.corroboration == {"n2": ["kernel_log"]} and v.action is Action.ISOLATE_AND_RESTART

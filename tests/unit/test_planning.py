@@ -87,7 +87,7 @@ def test_a_culprit_named_only_by_the_jobs_output_is_excluded_never_drained(
     assert [g.guard for g in p.guards] == ["restart_budget"]  # nothing to drain, no blast radius
 
 
-def test_a_verdict_without_corroboration_is_never_drained_whatever_its_action_says() -> None:
+def test_a_culprit_without_corroboration_is_never_drained_whatever_its_action_says() -> None:
     verdict = Verdict(
         category=Category.GPU_HARDWARE,
         culprit_nodes=["n1", "n2"],
@@ -98,8 +98,10 @@ def test_a_verdict_without_corroboration_is_never_drained_whatever_its_action_sa
     p = make_plan(
         request_id="r", verdict=verdict, evidence=EVIDENCE, policy=Policy(), history=history
     )
-    assert p.action is Action.EXCLUDE_AND_RESTART and p.drain_nodes == []
+    # n1 is convicted and drained; the job's noise about n2 neither drains n2 nor keeps n1 in.
+    assert p.action is Action.ISOLATE_AND_RESTART and p.drain_nodes == ["n1"]
     assert p.suspect_nodes == ["n2"] and p.exclude_nodes == ["n1", "n2"]
+    assert any("n2 named only by the job's output" in r for r in p.reasons)
 
 
 def test_suspicion_from_jobs_of_different_users_corroborates() -> None:

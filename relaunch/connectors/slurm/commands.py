@@ -48,6 +48,8 @@ REQUEUE_CHUNK = 200  # job ids per `scontrol requeue` of a batch (see SlurmCli.r
 # How scontrol 22.05 reports each job of a list it could not act on, one line per job on stderr:
 # "Invalid job id specified for job 999999", "Job is pending execution for job 4".
 _REFUSAL = re.compile(r"^(?P<error>.+) for job (?P<job_id>\S+)$")
+# `scontrol ping`: "Slurmctld(primary) at ctl1 is DOWN" (a whole word: not POWER_DOWN).
+_PING_DOWN = re.compile(r"\bis DOWN\b")
 T = TypeVar("T")
 
 
@@ -146,7 +148,7 @@ class SlurmCli:
         errors = parse.json_errors(data)
         if errors:
             ping = await self._runner.run(["scontrol", "ping"], timeout=self._timeout)
-            if ping.returncode != 0 or "DOWN" in ping.stdout:
+            if ping.returncode != 0 or _PING_DOWN.search(ping.stdout):
                 raise ControllerUnavailableError(
                     f"{argv[0]}: the Slurm controller does not answer", hint=CONTROLLER_HINT
                 )
