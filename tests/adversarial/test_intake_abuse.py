@@ -1,0 +1,252 @@
+"""Intakes flooded or misused (issue 29, rows 5 and 6), on the real stack: a real worker and
+watcher, real Slurm jobs of the non-root user, and the console in-process over real HTTP,
+delivering through the real Temporal.
+
+- A trusted sender's health event still convicts and drains its node while another intake
+  token floods the same nodes with untrusted events (hundreds after it, before the recovery
+  reads its evidence).
+- An Alertmanager alert naming a running job's node is recorded as an untrusted pointer and
+  restarts nothing; a genuine Xid after it is still drained.
+- Control: a trusted health event drains its node, and only that node, with and without
+  job-written noise (a printed NVSentinel event and NHC line naming the job's other node).
+
+The unit tier (tests/unit/test_intake_abuse.py) covers the rest of these rows: 413 on a chunked
+body, 429, duplicates, the repair role, notification bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from relaunch.cli.console import TemporalDecider
+from relaunch.console.app import create_app
+from relaunch.console.auth import ConsoleRole, write_tokens
+from relaunch.console.web import Services
+from relaunch.models.config import ConsoleSettings
+from relaunch.models.scheduler import JobState
+from tests.adversarial.hostile import Tier
+from tests.integration.serve import serve
+
+CANARY = "n1"
+PAIR = ["n3", "n4"]  # the job's nodes: the event names n3, the job's noise n4
+SECRET = "intake-abuse-adversarial-secret-0123456789"
+
+
+def xid79(node: str, **changes: Any) -> dict[str, Any]:
+    """What NVSentinel's syslog-health-monitor sends for an Xid 79 (protojson)."""
+    return {
+        "version": 1,
+        "agent": "syslog-health-monitor",
+        "componentClass": "GPU",
+        "checkName": "SysLogsXIDError",
+        "isFatal": True,
+        "isHealthy": False,
+        "message": "XID 79; Resolution: RESTART_BM",
+        "recommendedAction": "RESTART_BM",
+        "errorCode": ["79"],
+        "entitiesImpacted": [{"entityType": "PCI", "entityValue": "0000:17:00"}],
+        "metadata": {
+            "JOURNAL_MESSAGE": "NVRM: Xid (PCI:0000:17:00): 79, pid=1, GPU has fallen off the bus."
+        },
+        "generatedTimestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "nodeName": node,
+        "processingStrategy": "EXECUTE_REMEDIATION",
+        **changes,
+    }
+
+
+@contextmanager
+def console(t: Tier, tmp: Path, **limits: int) -> Iterator[tuple[str, dict[str, str]]]:
+    """The console with intake tokens (``nvs`` trusted with health events, ``hc`` not, ``am``
+    Alertmanager's), delivering through the real Temporal, served on a local port."""
+    tokens = write_tokens(
+        tmp / "intake-tokens.json",
+        [("nvs", ConsoleRole.INTAKE), ("hc", ConsoleRole.INTAKE), ("am", ConsoleRole.INTAKE)],
+        trusted_health={"nvs"},
+    )
+    config = t.h.config.model_copy(
+        update={"console": ConsoleSettings(tokens_file=str(tmp / "intake-tokens.json"), **limits)}
+    )
+    services = Services(scheduler=t.h.sched, deliver=TemporalDecider(config).deliver)
+    with serve(create_app(config, services, secret=SECRET)) as url:
+        yield url, tokens
+
+
+def post(url: str, path: str, token: str, body: Any) -> httpx.Response:
+    return httpx.post(
+        f"{url}{path}", json=body, headers={"authorization": f"Bearer {token}"}, timeout=60
+    )
+
+
+def health_rows(t: Tier, after: int = 0) -> list[tuple[int, bool]]:
+    """(id, trusted) of the cluster's health-event rows after row ``after``."""
+    with psycopg.connect(t.h.stack.database_url) as conn:
+        rows = conn.execute(
+            "select id, coalesce(data->>'trusted' = 'true', false) from audit_events"
+            " where incident_id = %s and kind = 'health_event' and id > %s order by id",
+            (f"intake-{t.h.config.name}", after),
+        ).fetchall()
+    return [(int(i), bool(trusted)) for i, trusted in rows]
+
+
+NOISE = (
+    "#!/bin/bash\n"
+    "i=0\n"
+    "while true; do\n"
+    "  echo '{event}'\n"
+    '  echo "NHC: check_hw_gpu: GPU lost on n4"\n'
+    '  echo "step=$i loss=0.5"\n'
+    "  i=$((i+1)); sleep 0.5\n"
+    "done\n"
+)
+QUIET = '#!/bin/bash\necho "ready on $SLURMD_NODENAME"\nexec sleep 900\n'
+
+
+async def convicted_and_drained(t: Tier, url: str, token: str, job_id: str) -> str:
+    """Post the trusted sender's Xid 79 on n3: the job's recovery convicts n3 on the event and
+    drains it, and only it. Returns the incident."""
+    r = post(url, "/intake/health", token, xid79(PAIR[0]))
+    assert r.status_code == 200, r.text
+    assert r.json()["trusted"] is True and r.json()["events"][0]["detections"], r.text
+    incident = await t.incident(job_id)
+    status = await t.settled(incident)
+    t.say("29.6", status)
+    assert status.verdict is not None and status.verdict.culprit_nodes == [PAIR[0]], status
+    assert status.verdict.corroboration == {PAIR[0]: ["health_event"]}, status.verdict
+    await t.h.until(
+        lambda: t.drained_by(PAIR[0], incident), f"{PAIR[0]} drained for {incident}", timeout=90
+    )
+    assert set(t.drained()) == {PAIR[0]}, t.drained()
+    return incident
+
+
+@pytest.mark.parametrize("noise", [False, True], ids=["quiet", "noisy"])
+async def test_a_trusted_health_event_drains_its_node_with_and_without_job_noise(
+    arena: Tier, tmp_path: Path, noise: bool
+) -> None:
+    """Control: the job prints nothing, or prints every half second an NVSentinel event for a
+    fatal Xid 79 on its other node and an NHC line naming it; the trusted event on n3 drains
+    n3, and the job's words drain nothing."""
+    t = arena
+    printed = json.dumps(xid79(PAIR[1], message="XID 79: GPU has fallen off the bus"))
+    script = NOISE.format(event=printed) if noise else QUIET
+    job_id = t.submit(script, "-N2", "-w", ",".join(PAIR))
+    await t.running(job_id, printed="step=2" if noise else "ready")
+    with console(t, tmp_path) as (url, tokens):
+        await convicted_and_drained(t, url, tokens["nvs"], job_id)
+    t.alive()
+
+
+async def test_a_flood_of_untrusted_events_does_not_push_a_trusted_one_out(
+    arena: Tier, tmp_path: Path
+) -> None:
+    """Another intake token floods the job's nodes with untrusted events, in batches of 100,
+    before and after the trusted sender's event (no rate limit here, so that the evidence
+    alone must keep the trusted event): it still convicts and drains its node."""
+    t = arena
+    job_id = t.submit(QUIET, "-N2", "-w", ",".join(PAIR))
+    await t.running(job_id, printed="ready")
+    stop = threading.Event()
+    refused: list[int] = []
+
+    with console(t, tmp_path, intake_burst=1_000_000, intake_events_per_minute=1_000_000) as (
+        url,
+        tokens,
+    ):
+
+        def flood() -> None:
+            n = 0
+            while not stop.is_set():
+                events = [
+                    xid79(
+                        PAIR[i % 2],
+                        isFatal=False,
+                        isHealthy=True,
+                        recommendedAction="NONE",
+                        errorCode=[],
+                        message=f"all clear {n + i}",
+                    )
+                    for i in range(100)
+                ]
+                n += 100
+                r = post(url, "/intake/health", tokens["hc"], {"events": events})
+                if r.status_code != 200:
+                    refused.append(r.status_code)
+
+        flooders = [threading.Thread(target=flood, daemon=True) for _ in range(2)]
+        for f in flooders:
+            f.start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(health_rows(t)) < 300:
+                assert time.monotonic() < deadline, "the flood never reached 300 events"
+                await asyncio.sleep(0.2)
+            await convicted_and_drained(t, url, tokens["nvs"], job_id)
+        finally:
+            stop.set()
+            for f in flooders:
+                f.join(timeout=60)
+    rows = health_rows(t)
+    [trusted] = [i for i, ok in rows if ok]
+    after = [i for i, ok in rows if not ok and i > trusted]
+    print(f"flood: {len(rows) - 1} untrusted events, {len(after)} after the trusted one")
+    assert len(after) > 200, len(after)  # more than the evidence's old 200 latest rows
+    assert refused == []
+    t.alive()
+
+
+async def test_an_alert_on_a_running_job_s_node_restarts_nothing(
+    arena: Tier, tmp_path: Path
+) -> None:
+    """Alertmanager (an intake token) posts a firing DCGM Xid 79 alert naming the node of a
+    running job whose ranks are fine: recorded as an untrusted pointer, no recovery, no
+    requeue, nothing drained; a genuine Xid afterwards is still caught and drained."""
+    t = arena
+    job_id = t.submit(QUIET, "-N2", "-w", ",".join(PAIR))
+    await t.running(job_id, printed="ready")
+    alert = {
+        "version": "4",
+        "status": "firing",
+        "receiver": "relaunch",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": {
+                    "alertname": "DCGMXidError",
+                    "Hostname": PAIR[0],
+                    "gpu": "0",
+                    "xid": "79",
+                    "severity": "critical",
+                },
+                "annotations": {"summary": f"GPU 0 on {PAIR[0]}: Xid 79, fallen off the bus"},
+                "startsAt": datetime.now(UTC).isoformat(),
+            }
+        ],
+    }
+    with console(t, tmp_path) as (url, tokens):
+        r = post(url, "/intake/alertmanager", tokens["am"], alert)
+        assert r.status_code == 200, r.text
+        await asyncio.sleep(10)  # what a recovery would have started by now
+        incidents = await t.h.audit.incidents(cluster=t.h.config.name, job_id=job_id)
+        assert incidents == [], [i.id for i in incidents]
+        job = await t.h.sched.get_job(job_id)
+        assert job.state is JobState.RUNNING and job.restart_count == 0, job
+        [entry] = r.json()["alerts"]
+        assert entry["pointed"] == [job_id] and "no action" in entry["note"], entry
+        intake = await t.h.audit.events(f"intake-{t.h.config.name}")
+        [row] = [e for e in intake if e.data.get("source") == "alertmanager"]
+        assert row.data["trusted"] is False and row.nodes == [PAIR[0]]
+    assert t.drained() == {}, t.drained()
+    await t.genuine_fault_is_caught(CANARY)
+    t.alive()
