@@ -2,9 +2,9 @@
 watcher, real Slurm jobs of the non-root user, and the console in-process over real HTTP,
 delivering through the real Temporal.
 
-- A trusted sender's health event still convicts and drains its node while another intake
-  token floods the same nodes with untrusted events (hundreds after it, before the recovery
-  reads its evidence).
+- A trusted sender's health event still convicts and drains its node after another intake
+  token pushed 300 untrusted events about the same nodes (the evidence read only the latest
+  200 rows of both).
 - An Alertmanager alert naming a running job's node is recorded as an untrusted pointer and
   restarts nothing; a genuine Xid after it is still drained.
 - Control: a trusted health event drains its node, and only that node, with and without
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -26,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 
 from relaunch.cli.console import TemporalDecider
@@ -89,17 +86,6 @@ def post(url: str, path: str, token: str, body: Any) -> httpx.Response:
     )
 
 
-def health_rows(t: Tier, after: int = 0) -> list[tuple[int, bool]]:
-    """(id, trusted) of the cluster's health-event rows after row ``after``."""
-    with psycopg.connect(t.h.stack.database_url) as conn:
-        rows = conn.execute(
-            "select id, coalesce(data->>'trusted' = 'true', false) from audit_events"
-            " where incident_id = %s and kind = 'health_event' and id > %s order by id",
-            (f"intake-{t.h.config.name}", after),
-        ).fetchall()
-    return [(int(i), bool(trusted)) for i, trusted in rows]
-
-
 NOISE = (
     "#!/bin/bash\n"
     "i=0\n"
@@ -119,6 +105,11 @@ async def convicted_and_drained(t: Tier, url: str, token: str, job_id: str) -> s
     r = post(url, "/intake/health", token, xid79(PAIR[0]))
     assert r.status_code == 200, r.text
     assert r.json()["trusted"] is True and r.json()["events"][0]["detections"], r.text
+    return await drained_on_the_event(t, job_id)
+
+
+async def drained_on_the_event(t: Tier, job_id: str) -> str:
+    """The job's recovery convicts n3 on the trusted health event and drains n3 only."""
     incident = await t.incident(job_id)
     status = await t.settled(incident)
     t.say("29.6", status)
@@ -153,59 +144,36 @@ async def test_a_trusted_health_event_drains_its_node_with_and_without_job_noise
 async def test_a_flood_of_untrusted_events_does_not_push_a_trusted_one_out(
     arena: Tier, tmp_path: Path
 ) -> None:
-    """Another intake token floods the job's nodes with untrusted events, in batches of 100,
-    before and after the trusted sender's event (no rate limit here, so that the evidence
-    alone must keep the trusted event): it still convicts and drains its node."""
+    """NVSentinel (trusted) reports a fatal Xid 79 on n3 while no watched job runs there;
+    another intake token then pushes 300 untrusted events about n3 and n4 (more than the 200
+    latest rows the evidence used to read, with no rate limit here so that the evidence alone
+    must keep the trusted event); then a job on n3 and n4 fails, its output naming n3. The
+    trusted event, from moments before the job, still corroborates n3: it is drained."""
     t = arena
-    job_id = t.submit(QUIET, "-N2", "-w", ",".join(PAIR))
-    await t.running(job_id, printed="ready")
-    base = max((i for i, _ in health_rows(t)), default=0)  # the module's earlier tests' rows
-    stop = threading.Event()
-    refused: list[int] = []
-
-    with console(t, tmp_path, intake_burst=1_000_000, intake_events_per_minute=1_000_000) as (
-        url,
-        tokens,
-    ):
-
-        def flood() -> None:
-            n = 0
-            while not stop.is_set():
-                events = [
-                    xid79(
-                        PAIR[i % 2],
-                        isFatal=False,
-                        isHealthy=True,
-                        recommendedAction="NONE",
-                        errorCode=[],
-                        message=f"all clear {n + i}",
-                    )
-                    for i in range(100)
-                ]
-                n += 100
-                r = post(url, "/intake/health", tokens["hc"], {"events": events})
-                if r.status_code != 200:
-                    refused.append(r.status_code)
-
-        flooders = [threading.Thread(target=flood, daemon=True) for _ in range(2)]
-        for f in flooders:
-            f.start()
-        try:
-            deadline = time.monotonic() + 60
-            while len(health_rows(t, base)) < 300:
-                assert time.monotonic() < deadline, "the flood never reached 300 events"
-                await asyncio.sleep(0.2)
-            await convicted_and_drained(t, url, tokens["nvs"], job_id)
-        finally:
-            stop.set()
-            for f in flooders:
-                f.join(timeout=60)
-    rows = health_rows(t, base)
-    [trusted] = [i for i, ok in rows if ok]
-    after = [i for i, ok in rows if not ok and i > trusted]
-    print(f"flood: {len(rows) - 1} untrusted events, {len(after)} after the trusted one")
-    assert len(after) > 200, len(after)  # more than the evidence's old 200 latest rows
-    assert refused == []
+    limits = {"intake_burst": 1_000_000, "intake_events_per_minute": 1_000_000}
+    with console(t, tmp_path, **limits) as (url, tokens):
+        r = post(url, "/intake/health", tokens["nvs"], xid79(PAIR[0]))
+        assert r.status_code == 200, r.text
+        assert "no watched job runs on" in r.json()["events"][0]["note"], r.text
+        for batch in range(3):
+            events = [
+                xid79(
+                    PAIR[i % 2],
+                    isFatal=False,
+                    isHealthy=True,
+                    recommendedAction="NONE",
+                    errorCode=[],
+                    message=f"all clear {batch}-{i}",
+                )
+                for i in range(100)
+            ]
+            flood = post(url, "/intake/health", tokens["hc"], {"events": events})
+            assert flood.status_code == 200, flood.text
+            assert all(e["recorded"] for e in flood.json()["events"])
+        script = f'#!/bin/bash\necho "srun: error: Node failure on {PAIR[0]}"\nexec sleep 900\n'
+        job_id = t.submit(script, "-N2", "-w", ",".join(PAIR))
+        await t.running(job_id, printed="Node failure on")
+        await drained_on_the_event(t, job_id)
     t.alive()
 
 
