@@ -6,11 +6,17 @@ Each request is addressed to one cluster the console serves (``?cluster=NAME``, 
 event's ``cluster`` field; the primary cluster by default) and handled with that cluster's own
 configuration, scheduler and Temporal delivery only, so that a signal for one cluster never
 starts or joins a recovery on another; an intake token limited to some clusters may address only
-those. Each accepted request is recorded first (audit rows of kind ``intake``, against the
-cluster's ``intake-<cluster>`` record), then turned into detections for the watched jobs it
-concerns and delivered through signal-with-start. A failure to look the jobs up or to reach
-Temporal answers 503, so the sender retries; a retry of something already delivered (same alert
-fingerprint and start, or the same Slurm event) is recorded once and delivered once.
+those. A request is checked whole before anything of it is stored: the token (intake; the
+repair callback's own role, repair), the body (read as it streams, 413 past MAX_BODY), every
+field, and the sender's rate (429 with Retry-After: intake_limits.py). Each accepted request is
+then recorded (audit rows of kind ``intake``, against the cluster's ``intake-<cluster>``
+record), turned into detections for the watched jobs it concerns and delivered through
+signal-with-start. A failure to look the jobs up or to reach Temporal answers 503, so the sender
+retries; a retry of something already delivered (same alert fingerprint and start, the same
+Slurm event; one without a time by its content) is recorded once and delivered once.
+
+An Alertmanager alert points and never convicts (docs/trust.md): a detection of source
+``alert`` only for a job that already ended abnormally; a job still running is left alone.
 
 A repair callback says that a node its lifecycle sent to repair is repaired: the lifecycle that
 waits for it is signalled (`returned`, as `relaunch nodes returned`) and validates the node

@@ -2,12 +2,13 @@
 
 Takes NVSentinel's ``HealthEvent`` as protojson writes it (one event, or ``HealthEvents`` with
 ``events``) and a generic shape for any other health checker (relaunch/models/intake.py). It
-follows the other intake routes (intake.py): an intake token, one cluster per request, each
-event recorded first (an audit row of kind ``health_event`` under ``intake-<cluster>``, with
-its sender and whether the sender's token is trusted with health events), then delivered by
-signal-with-start to the recovery of every watched job running on the event's node; 503 when
-Slurm or Temporal does not answer, so the sender retries, and a retry of the same event (same
-sender, node, content and time) is recorded and delivered once.
+follows the other intake routes (intake.py): an intake token, one cluster per request, the
+request checked whole (body, fields, the sender's rate) before each event is recorded (an
+audit row of kind ``health_event`` under ``intake-<cluster>``, with its sender and whether the
+sender's token is trusted with health events), then delivered by signal-with-start to the
+recovery of every watched job running on the event's node; 503 when Slurm or Temporal does not
+answer, so the sender retries, and a retry of the same event (same sender, node, content and
+time; without a time, the same content within ten minutes) is recorded and delivered once.
 
 Only a fatal, unhealthy event starts anything; a healthy or non-fatal one, or one NVSentinel
 marks ``STORE_ONLY``, is recorded only. Whether the event convicts its node is the token's
