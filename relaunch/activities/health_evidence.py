@@ -3,7 +3,9 @@
 The console records every health event pushed in (``POST /intake/health``) before it starts or
 joins a recovery, so the evidence reads them from the audit trail: every event on one of the
 attempt's nodes from shortly before the attempt started, whichever detection opened the
-recovery. The trust of each is what the console recorded from the sender's token."""
+recovery. The trust of each is what the console recorded from the sender's token; the latest
+events of trusted senders and those of the others are read apart, each bounded, so that a flood
+of untrusted events never pushes a trusted one out of the evidence."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from relaunch.models.bundle import HealthReport
 from relaunch.models.scheduler import Job
 
 HEALTH_KIND = "health_event"
-MAX_HEALTH_EVIDENCE = 200  # events read into one bundle: the latest
+MAX_HEALTH_EVIDENCE = 200  # trusted senders' events read into one bundle: the latest
+MAX_UNTRUSTED_EVIDENCE = 100  # and the other senders': the latest, apart
 # Without a start or submit time, the events of this long before the evidence is gathered.
 UNDATED_LOOKBACK = timedelta(hours=1)
 
@@ -52,11 +55,18 @@ async def health_evidence(audit: AuditStore, cluster: str, job: Job) -> list[Hea
     if not job.nodes:
         return []
     start = job.start_time or job.submit_time or datetime.now(UTC) - UNDATED_LOOKBACK
-    rows = await audit.outside_events(
-        cluster,
-        start - NODE_LOOKBACK,
-        kinds=(HEALTH_KIND,),
-        nodes=job.nodes,
-        limit=MAX_HEALTH_EVIDENCE,
-    )
-    return health_reports(rows)
+    # Trusted and untrusted senders' events are read apart, each its own latest rows: however
+    # many events an untrusted sender pushes in, they never crowd a trusted one out.
+    rows = [
+        row
+        for trusted, limit in ((True, MAX_HEALTH_EVIDENCE), (False, MAX_UNTRUSTED_EVIDENCE))
+        for row in await audit.outside_events(
+            cluster,
+            start - NODE_LOOKBACK,
+            kinds=(HEALTH_KIND,),
+            nodes=job.nodes,
+            limit=limit,
+            trusted=trusted,
+        )
+    ]
+    return health_reports(sorted(rows, key=lambda row: row.id))

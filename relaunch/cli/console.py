@@ -138,7 +138,8 @@ def register(cli: click.Group) -> None:
         "--role",
         type=click.Choice([r.value for r in ConsoleRole]),
         required=True,
-        help="viewer, approver, admin (people) or intake (a machine that pushes signals in).",
+        help="viewer, approver, admin (people), intake (a machine that pushes signals in) or "
+        "repair (the repair system's callback, POST /intake/repair, and nothing else).",
     )
     @click.option(
         "--scope",

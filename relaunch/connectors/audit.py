@@ -605,18 +605,31 @@ class AuditStore:
         kinds: Sequence[str] = OUTSIDE_KINDS,
         nodes: Sequence[str] | None = None,
         limit: int = 500,
+        trusted: bool | None = None,
     ) -> list[StoredEvent]:
         """What other systems said of ``cluster``'s nodes since ``since``, oldest first: health
         events pushed in (``health_event``) and Slurm drains Relaunch did not make
         (``external_drain``), recorded under ``intake-<cluster>``; only rows naming one of
-        ``nodes`` when given. The ``limit`` latest rows at most."""
+        ``nodes`` when given, and only those whose sender was (``trusted=True``) or was not
+        (``False``) trusted with them when given. The ``limit`` latest rows at most."""
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(
                 "select id, incident_id, kind, at, actor, stage, nodes, summary, data"
                 " from audit_events where incident_id = %s and kind = any(%s) and at >= %s"
                 " and (%s::text[] is null or nodes && %s::text[])"
+                " and (%s::boolean is null"
+                " or coalesce(data->>'trusted' = 'true', false) = %s::boolean)"
                 " order by id desc limit %s",
-                (intake_incident(cluster), list(kinds), since, nodes, nodes, limit),
+                (
+                    intake_incident(cluster),
+                    list(kinds),
+                    since,
+                    nodes,
+                    nodes,
+                    trusted,
+                    trusted,
+                    limit,
+                ),
             )
             rows = [StoredEvent.model_validate(row) for row in await cur.fetchall()]
         return rows[::-1]

@@ -40,27 +40,36 @@ SESSION_MAX_AGE_S = 12 * 3600
 
 
 class ConsoleRole(StrEnum):
-    """Viewer < approver < admin: each may do what the ones before it may. ``intake`` stands
-    apart: a machine sender (Alertmanager, a Slurm hook) that may push signals in and nothing
-    else, and that no person's role includes."""
+    """Viewer < approver < admin: each may do what the ones before it may. ``intake`` and
+    ``repair`` stand apart: machine senders that no person's role includes. An intake sender
+    (Alertmanager, a Slurm hook, a health checker) may push signals in and nothing else; a
+    repair sender may only say that a node is repaired (``POST /intake/repair``), which an
+    intake token may not."""
 
     VIEWER = "viewer"
     APPROVER = "approver"
     ADMIN = "admin"
     INTAKE = "intake"
+    REPAIR = "repair"
 
     @property
     def rank(self) -> int:
         return _RANK[self]
 
+    @property
+    def machine(self) -> bool:
+        """A machine sender's role (intake, repair): it allows only itself."""
+        return self in (ConsoleRole.INTAKE, ConsoleRole.REPAIR)
+
     def allows(self, needed: ConsoleRole) -> bool:
-        if ConsoleRole.INTAKE in (self, needed):
+        if self.machine or needed.machine:
             return self is needed
         return self.rank >= needed.rank
 
 
 _RANK = {
     ConsoleRole.INTAKE: 0,
+    ConsoleRole.REPAIR: 0,
     ConsoleRole.VIEWER: 1,
     ConsoleRole.APPROVER: 2,
     ConsoleRole.ADMIN: 3,

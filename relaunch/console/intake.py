@@ -6,11 +6,17 @@ Each request is addressed to one cluster the console serves (``?cluster=NAME``, 
 event's ``cluster`` field; the primary cluster by default) and handled with that cluster's own
 configuration, scheduler and Temporal delivery only, so that a signal for one cluster never
 starts or joins a recovery on another; an intake token limited to some clusters may address only
-those. Each accepted request is recorded first (audit rows of kind ``intake``, against the
-cluster's ``intake-<cluster>`` record), then turned into detections for the watched jobs it
-concerns and delivered through signal-with-start. A failure to look the jobs up or to reach
-Temporal answers 503, so the sender retries; a retry of something already delivered (same alert
-fingerprint and start, or the same Slurm event) is recorded once and delivered once.
+those. A request is checked whole before anything of it is stored: the token (intake; the
+repair callback's own role, repair), the body (read as it streams, 413 past MAX_BODY), every
+field, and the sender's rate (429 with Retry-After: intake_limits.py). Each accepted request is
+then recorded (audit rows of kind ``intake``, against the cluster's ``intake-<cluster>``
+record), turned into detections for the watched jobs it concerns and delivered through
+signal-with-start. A failure to look the jobs up or to reach Temporal answers 503, so the sender
+retries; a retry of something already delivered (same alert fingerprint and start, the same
+Slurm event; one without a time by its content) is recorded once and delivered once.
+
+An Alertmanager alert points and never convicts (docs/trust.md): a detection of source
+``alert`` only for a job that already ended abnormally; a job still running is left alone.
 
 A repair callback says that a node its lifecycle sent to repair is repaired: the lifecycle that
 waits for it is signalled (`returned`, as `relaunch nodes returned`) and validates the node
@@ -21,6 +27,7 @@ repair (it is still checking the node, or already validating it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -33,6 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relaunch.console.auth import ConsoleRole, User
+from relaunch.console.intake_limits import IntakeLimits, retry_after
 from relaunch.console.web import Cluster, Console, console
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.intake import (
@@ -52,15 +60,21 @@ log = logging.getLogger("relaunch.console.intake")
 
 
 MAX_BODY = 1 << 20
+MAX_ALERTS = 200  # alerts of one Alertmanager notification (its webhook's max_alerts)
+# An event that says no time is deduplicated by its content within this many seconds.
+UNDATED_WINDOW_S = 600
 _ALERTNAME = re.compile(r"[A-Za-z0-9_:.-]{1,100}")
 
 
 class IntakeRefused(Exception):
     """A request refused before anything was recorded: a 4xx with the offending field."""
 
-    def __init__(self, status: int, error: str, field: str | None) -> None:
+    def __init__(
+        self, status: int, error: str, field: str | None, retry_after: str | None = None
+    ) -> None:
         super().__init__(error)
         self.status, self.error, self.field = status, error, field
+        self.retry_after = retry_after
 
 
 class Target(BaseModel):
@@ -72,6 +86,8 @@ class Target(BaseModel):
 
 def _refusal(exc: IntakeRefused) -> JSONResponse:
     headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+    if exc.retry_after is not None:
+        headers = {"retry-after": exc.retry_after}
     return JSONResponse(
         {"error": exc.error, "field": exc.field}, status_code=exc.status, headers=headers
     )
@@ -81,16 +97,47 @@ def _unavailable(error: str) -> JSONResponse:
     return JSONResponse({"error": error, "field": None}, status_code=503)
 
 
-def _authorize(request: Request, c: Console) -> User:
+def _authorize(request: Request, c: Console, role: ConsoleRole = ConsoleRole.INTAKE) -> User:
     header = request.headers.get("authorization", "")
     if not header.lower().startswith("bearer "):
-        raise IntakeRefused(401, "an intake bearer token is required", "authorization")
+        raise IntakeRefused(401, f"an {role.value} bearer token is required", "authorization")
     user = c.tokens.authenticate(header[7:])
     if user is None:
         raise IntakeRefused(401, "unknown or revoked token", "authorization")
-    if not user.can(ConsoleRole.INTAKE):
-        raise IntakeRefused(403, f"{user.name} is a {user.role}, not an intake sender", None)
+    if not user.can(role):
+        what = "an intake sender" if role is ConsoleRole.INTAKE else "a repair sender"
+        raise IntakeRefused(
+            403, f"{user.name} is a {user.role}, not {what} (this takes a {role.value} token)", None
+        )
     return user
+
+
+def limit(request: Request, c: Console, user: User, events: int) -> None:
+    """Spend ``events`` of the sender's allowance (intake_limits.py), or refuse the request
+    whole with 429 and a Retry-After, before anything is recorded."""
+    state = request.app.state
+    limits: IntakeLimits | None = getattr(state, "intake_limits", None)
+    if limits is None:
+        settings = c.config.console
+        limits = IntakeLimits(settings.intake_events_per_minute, settings.intake_burst)
+        state.intake_limits = limits
+    wait = limits.take(user.sha256, events)
+    if wait is not None:
+        raise IntakeRefused(
+            429,
+            f"{user.name} sent more than {limits.per_minute} events a minute (burst "
+            f"{limits.burst}): nothing of this request was recorded; retry after "
+            f"{retry_after(wait)}s",
+            None,
+            retry_after(wait),
+        )
+
+
+def undated_key(content: str) -> str:
+    """The dedupe key part of an event that says no time: its content within the
+    UNDATED_WINDOW_S of its receipt (a retry lands once; the same event much later counts)."""
+    window = int(datetime.now(UTC).timestamp() // UNDATED_WINDOW_S)
+    return f"undated:{window}:{hashlib.sha256(content.encode()).hexdigest()[:20]}"
 
 
 def _target(request: Request, c: Console, user: User, named: object = None) -> Cluster:
@@ -116,24 +163,37 @@ def _target(request: Request, c: Console, user: User, named: object = None) -> C
 
 
 async def _json_body(request: Request) -> Any:
-    if int(request.headers.get("content-length") or 0) > MAX_BODY:
+    """The body, read as it streams in and refused (413) as soon as it passes MAX_BODY: a
+    chunked body declares no length, and is never read whole before its size is known."""
+    try:
+        declared = int(request.headers.get("content-length") or 0)
+    except ValueError as exc:
+        raise IntakeRefused(400, "content-length is not a number", "content-length") from exc
+    if declared > MAX_BODY:
         raise IntakeRefused(413, f"body larger than {MAX_BODY} bytes", "body")
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise IntakeRefused(413, f"body larger than {MAX_BODY} bytes", "body")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise IntakeRefused(413, f"body larger than {MAX_BODY} bytes", "body")
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise IntakeRefused(400, f"body is not valid JSON: {exc}", "body") from exc
 
 
-async def addressed(request: Request) -> tuple[Console, User, Cluster, Any]:
-    """What every intake of one event shape starts with: the sender's token checked, the JSON
-    body read, and the cluster it is for (its ``cluster`` field, else ``?cluster=``, else the
-    primary) checked against the token's scope; the body without ``cluster``. Raises
-    IntakeRefused."""
+async def addressed(
+    request: Request, role: ConsoleRole = ConsoleRole.INTAKE
+) -> tuple[Console, User, Cluster, Any]:
+    """What every intake of one event shape starts with: the sender's token checked (of
+    ``role``), the JSON body read, and the cluster it is for (its ``cluster`` field, else
+    ``?cluster=``, else the primary) checked against the token's scope; the body without
+    ``cluster``. Raises IntakeRefused."""
     c = console(request)
-    user = _authorize(request, c)
+    user = _authorize(request, c, role)
     raw = await _json_body(request)
     named = raw.pop("cluster", None) if isinstance(raw, dict) else None
     return c, user, _target(request, c, user, named), raw
@@ -315,6 +375,7 @@ def _alert_row(payload: AlertmanagerPayload, alert: Alert) -> dict[str, object]:
         "receiver": _trim(payload.receiver, 100),
         "group_key": _trim(payload.groupKey, 200),
         "status": alert.status.value,
+        "trusted": False,  # an alert points at a node or job; it never convicts (docs/trust.md)
         "fingerprint": alert.key,
         "starts_at": alert.startsAt.isoformat(),
         "labels": {_trim(k, 60): _trim(v, 200) for k, v in list(alert.labels.items())[:30]},
@@ -327,9 +388,18 @@ def _alert_row(payload: AlertmanagerPayload, alert: Alert) -> dict[str, object]:
 async def alertmanager(request: Request) -> Response:
     c = console(request)
     try:
-        cl = _target(request, c, _authorize(request, c))
+        user = _authorize(request, c)
+        cl = _target(request, c, user)
         payload: AlertmanagerPayload = _parse(AlertmanagerPayload, await _json_body(request))
+        if len(payload.alerts) > MAX_ALERTS:
+            raise IntakeRefused(
+                422,
+                f"at most {MAX_ALERTS} alerts in one notification (set max_alerts in "
+                "Alertmanager's webhook_config)",
+                "alerts",
+            )
         checked = [_check_alert(i, a) for i, a in enumerate(payload.alerts)]
+        limit(request, c, user, max(1, len(payload.alerts)))
     except IntakeRefused as exc:
         return _refusal(exc)
     report: list[dict[str, object]] = []
@@ -359,18 +429,33 @@ async def alertmanager(request: Request) -> Response:
                 entry["note"] = "already delivered"
                 continue
             jobs = jobs if jobs is not None else await _jobs(cl)
-            source = (
-                DetectionSource.TELEMETRY if alert.is_telemetry() else DetectionSource.SCHEDULER
-            )
+            found = _candidates(cl, jobs, node, job_id)
+            # An alert is the sender's say-so, whoever wrote its labels: it points a recovery
+            # at a node (source `alert`, never trusted), and it never restarts by itself a job
+            # that has not ended abnormally (docs/trust.md).
             targets = [
                 Target(
                     detection=_detection(
-                        cl, job, nodes, source, f"alert:{alert.name}", alert.text(), alert.startsAt
+                        cl,
+                        job,
+                        nodes,
+                        DetectionSource.ALERT,
+                        f"alert:{alert.name}",
+                        alert.text(),
+                        alert.startsAt,
                     ),
                     source_key=key,
                 )
-                for job, nodes in _candidates(cl, jobs, node, job_id)
+                for job, nodes in found
+                if job.state.is_abnormal_end
             ]
+            pointed = [job.job_id for job, _ in found if not job.state.is_abnormal_end]
+            if pointed:
+                entry["pointed"] = pointed
+                entry["note"] = (
+                    f"points at job {', '.join(pointed)}, still {found[0][0].state.value}: "
+                    "recorded, no action (an alert alone restarts no running job)"
+                )
             entry["detections"] = await _deliver(c, cl, key, targets, summary)
     except RelaunchError as exc:
         log.warning("intake from alertmanager not delivered: %s", exc.message)
@@ -392,10 +477,12 @@ async def slurm(request: Request) -> Response:
             raise IntakeRefused(422, "a job_end event needs job_id", "job_id")
         if event.event is not SlurmEventKind.JOB_END and event.node is None:
             raise IntakeRefused(422, f"a {event.event.value} event needs node", "node")
+        limit(request, c, user, 1)
     except IntakeRefused as exc:
         return _refusal(exc)
     parts = [event.event.value, event.node or "-", event.job_id or "-", event.state or "-"]
-    key = f"slurm:{':'.join(parts)}:{event.time.isoformat()}" if event.time else None
+    when = event.time.isoformat() if event.time else undated_key(event.model_dump_json())
+    key = f"slurm:{':'.join(parts)}:{when}"
     summary = (
         f"slurm {event.event.value}"
         + (f" {event.node}" if event.node else "")
@@ -412,7 +499,7 @@ async def slurm(request: Request) -> Response:
             {"source": "slurm_hook", **event.model_dump(mode="json")},
             [event.node] if event.node else [],
         )
-        if key is not None and await _delivered(c, cl, key):
+        if await _delivered(c, cl, key):
             entry["note"] = "already delivered"
             return JSONResponse(entry)
         if event.event is SlurmEventKind.JOB_END:
@@ -436,13 +523,11 @@ async def slurm(request: Request) -> Response:
                     summary,
                     event.time,
                 ),
-                source_key=key or "",
+                source_key=key,
             )
             for job, nodes in found
         ]
-        entry["detections"] = await _deliver(
-            c, cl, key or f"slurm:{datetime.now(UTC).isoformat()}", targets, summary
-        )
+        entry["detections"] = await _deliver(c, cl, key, targets, summary)
     except RelaunchError as exc:
         log.warning("intake from slurm not delivered: %s", exc.message)
         return _unavailable(f"not delivered, retry later: {exc.message}")
@@ -506,8 +591,9 @@ def _parse_repair(raw: Any) -> RepairCallback:
 
 async def repair(request: Request) -> Response:
     try:
-        c, user, cl, raw = await addressed(request)
+        c, user, cl, raw = await addressed(request, ConsoleRole.REPAIR)
         body = _parse_repair(raw)
+        limit(request, c, user, 1)
     except IntakeRefused as exc:
         return _refusal(exc)
     signal = cl.services.repaired

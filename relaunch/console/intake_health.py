@@ -2,12 +2,13 @@
 
 Takes NVSentinel's ``HealthEvent`` as protojson writes it (one event, or ``HealthEvents`` with
 ``events``) and a generic shape for any other health checker (relaunch/models/intake.py). It
-follows the other intake routes (intake.py): an intake token, one cluster per request, each
-event recorded first (an audit row of kind ``health_event`` under ``intake-<cluster>``, with
-its sender and whether the sender's token is trusted with health events), then delivered by
-signal-with-start to the recovery of every watched job running on the event's node; 503 when
-Slurm or Temporal does not answer, so the sender retries, and a retry of the same event (same
-sender, node, content and time) is recorded and delivered once.
+follows the other intake routes (intake.py): an intake token, one cluster per request, the
+request checked whole (body, fields, the sender's rate) before each event is recorded (an
+audit row of kind ``health_event`` under ``intake-<cluster>``, with its sender and whether the
+sender's token is trusted with health events), then delivered by signal-with-start to the
+recovery of every watched job running on the event's node; 503 when Slurm or Temporal does not
+answer, so the sender retries, and a retry of the same event (same sender, node, content and
+time; without a time, the same content within ten minutes) is recorded and delivered once.
 
 Only a fatal, unhealthy event starts anything; a healthy or non-fatal one, or one NVSentinel
 marks ``STORE_ONLY``, is recorded only. Whether the event convicts its node is the token's
@@ -22,7 +23,6 @@ import hashlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -44,7 +44,9 @@ from relaunch.console.intake import (
     _trim,
     _unavailable,
     addressed,
+    limit,
     refused,
+    undated_key,
 )
 from relaunch.console.web import Cluster, Console
 from relaunch.detection.health_events import xid_codes
@@ -91,12 +93,14 @@ def _validate(model: type[M], raw: dict[str, Any]) -> M:
         raise refused(exc, 422, _SHAPES) from exc
 
 
-def event_key(report: HealthReport) -> str | None:
-    """The dedupe key of an event that says when it happened: a retry of it (same sender,
-    node, content and time) lands once. An event without a time is recorded each time."""
+def event_key(report: HealthReport) -> str:
+    """The dedupe key of an event: a retry of it (same sender, node, content and time) lands
+    once. An event that says no time is one by its content within the intake's undated window
+    (intake.undated_key): the same words sent again and again are stored once."""
+    content = report.model_dump_json()
     if report.time is None:
-        return None
-    digest = hashlib.sha256(report.model_dump_json().encode()).hexdigest()[:20]
+        return f"health:{report.node}:{undated_key(content)}"
+    digest = hashlib.sha256(content.encode()).hexdigest()[:20]
     return f"health:{report.node}:{report.time.isoformat()}:{digest}"
 
 
@@ -155,7 +159,7 @@ async def _one(
     if event.store_only:
         entry["note"] = "processingStrategy STORE_ONLY: recorded, no action"
         return entry
-    if key is not None and await _delivered(c, cl, key):
+    if await _delivered(c, cl, key):
         entry["note"] = "already delivered"
         return entry
     source = (
@@ -167,13 +171,11 @@ async def _one(
             detection=_detection(
                 cl, job, nodes, source, _detection_kind(report), summary, report.time
             ).model_copy(update={"signature": f"xid_{codes[0]}" if codes else HEALTH_KIND}),
-            source_key=key or "",
+            source_key=key,
         )
         for job, nodes in _candidates(cl, await jobs(), report.node, None)
     ]
-    entry["detections"] = await _deliver(
-        c, cl, key or f"health:{report.node}:{datetime.now(UTC).isoformat()}", targets, summary
-    )
+    entry["detections"] = await _deliver(c, cl, key, targets, summary)
     if not targets:
         entry["note"] = f"no watched job runs on {report.node}: recorded, no action"
     return entry
@@ -183,6 +185,7 @@ async def health(request: Request) -> Response:
     try:
         c, user, cl, raw = await addressed(request)
         events = parse_health(raw)
+        limit(request, c, user, len(events))
     except IntakeRefused as exc:
         return _refusal(exc)
     listed: list[Job] | None = None

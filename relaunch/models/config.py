@@ -138,6 +138,20 @@ class ConsoleSettings(BaseModel):
         description="the console is served over HTTPS by a proxy in front of it: cookies get "
         "Secure even though the proxy talks plain HTTP to the console",
     )
+    intake_events_per_minute: int = Field(
+        default=300,
+        ge=1,
+        le=1_000_000,
+        description="events (alerts, health events, Slurm events, repair callbacks) each intake "
+        "token may push in per minute, on average; past that the intake answers 429 with "
+        "Retry-After and records nothing",
+    )
+    intake_burst: int = Field(
+        default=300,
+        ge=1,
+        le=1_000_000,
+        description="events an intake token may push in at once before the per-minute rate applies",
+    )
 
 
 # A DNS name or an IPv4/IPv6 literal; nothing that could read as an option or a user@ prefix.

@@ -64,6 +64,9 @@ class DetectionSource(StrEnum):
     # trusted with them; the same from any other intake sender points, never convicts.
     HEALTH_EVENT = "health_event"
     UNTRUSTED_HEALTH_EVENT = "health_event_untrusted"
+    # An Alertmanager alert (POST /intake/alertmanager): its labels are whatever fed the alert
+    # rule, so it points at a node, never names it as trusted evidence.
+    ALERT = "alert"
 
 
 class Detection(BaseModel):

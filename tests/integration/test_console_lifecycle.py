@@ -58,7 +58,7 @@ def console_with_intake(h: Harness) -> tuple[str, dict[str, str]]:
         [
             ("vera", ConsoleRole.VIEWER),
             ("april", ConsoleRole.APPROVER),
-            ("fixit", ConsoleRole.INTAKE),
+            ("fixit", ConsoleRole.REPAIR),
         ],
     )
     port = procs.free_port()

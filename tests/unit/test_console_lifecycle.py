@@ -54,8 +54,8 @@ USERS = [
     ("vic", ConsoleRole.VIEWER),
     ("root", ConsoleRole.ADMIN),
     ("bea", ConsoleRole.APPROVER),  # b only
-    ("fix", ConsoleRole.INTAKE),  # the repair system, every cluster
-    ("fix-b", ConsoleRole.INTAKE),  # b only
+    ("fix", ConsoleRole.REPAIR),  # the repair system, every cluster
+    ("fix-b", ConsoleRole.REPAIR),  # b only
 ]
 SCOPES = {"ana": ["a"], "bea": ["b"], "fix-b": ["b"]}
 
