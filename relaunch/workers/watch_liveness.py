@@ -5,7 +5,10 @@ node agents' heartbeats.
   So, with a :class:`LivenessMonitor`, every node a RUNNING watched job runs on (one target per
   node, however many jobs share it; not those Slurm lists DOWN) has its slurmd probed every
   ``probe_interval_s`` beside the polling; ``probe_failures`` failures in a row make a trusted
-  ``node_unreachable`` detection (source ``probe``) for each RUNNING job on the node.
+  ``node_unreachable`` detection (source ``probe``) for each RUNNING job on the node, unless
+  every probe timed out while Slurm's listing shows the node's slurmd responding or its agent
+  beats: any job can fill a slurmd's listen backlog (relaunch/detection/liveness.py). Such a
+  streak is logged once and counted (``probe_alive``), not reported.
 - A node agent (``relaunch agent --heartbeat`` with ``--output DIR/telemetry.jsonl``) replaces
   the small file ``DIR/heartbeat`` at every beat; the telemetry file never grows with beats.
   Once per poll the watcher looks at each running node's heartbeat file: a changed (inode,

@@ -20,7 +20,9 @@ What a probe result means (``ProbeResult.detail``):
   kernel is up, reachable over the network, and slurmd's listening socket exists.
 - ``refused`` (failed): a RST. The host is up but nothing listens on the port: slurmd is dead.
 - ``timeout`` (failed): no answer within the timeout: the host is powered off, panicked, or off
-  the fabric (or a firewall drops the probe).
+  the fabric (or a firewall drops the probe), or slurmd's accept queue is full (a job can fill
+  it with idle connections: the kernel then drops every SYN), so a timeout alone never
+  convicts (relaunch/detection/liveness.py).
 - ``unreachable: ...``, ``resolve: ...`` or another short error text (failed): the local side
   could not even send the probe (no route, name not resolvable).
 
