@@ -19,16 +19,26 @@ from pathlib import Path
 import pytest
 
 from relaunch.activities.evidence import probe_now
-from relaunch.connectors.liveness import LivenessMonitor, make_prober
+from relaunch.connectors.liveness import (
+    LISTEN_FULL,
+    SILENT,
+    LivenessMonitor,
+    ProbeTarget,
+    SynProber,
+    make_prober,
+    raw_sockets_permitted,
+)
 from relaunch.connectors.telemetry.heartbeat import heartbeat_path, write_heartbeat
 from relaunch.detection.liveness import alive_despite_probe
 from relaunch.models.recovery import DetectionSource
 from relaunch.models.scheduler import Node, NodeFlag, NodeState
 from tests.unit.test_evidence_probe import Cluster, activities, closed_port
+from tests.unit.test_liveness import BLACKHOLE
 from tests.unit.test_watcher import FakeScheduler
 from tests.unit.test_watcher_liveness import job, watcher_for
 
 MAX_HELD = 64  # connections to fill a backlog of 1: a handful are enough on Linux
+needs_raw = pytest.mark.skipif(not raw_sockets_permitted(), reason="SYN probes need root")
 
 
 @pytest.fixture
@@ -76,10 +86,14 @@ def test_a_timeout_with_slurm_or_the_agent_vouching_is_alive_anything_else_convi
     assert alive_despite_probe("timeout", silent) is None
     assert alive_despite_probe("timeout", down) is None
     assert alive_despite_probe("timeout", None) is None
-    # A reset or a network error is the node's kernel or the network speaking: a full backlog
-    # drops SYNs, it never refuses them.
-    for detail in ("refused", "unreachable: No route to host"):
+    # A reset, silence to a SYN and an ACK, or a network error is the node's kernel or the
+    # network speaking: a full backlog drops SYNs, it never refuses them nor drops ACKs.
+    for detail in ("refused", SILENT, "unreachable: No route to host"):
         assert alive_despite_probe(detail, up, heartbeat_fresh=True) is None
+    # The SYN probe's own word: the kernel reset its ACK. Alive whatever Slurm says.
+    assert alive_despite_probe(LISTEN_FULL, down) == (
+        "its kernel still resets a bare ACK on that port (slurmd's listen queue is full)"
+    )
 
 
 # ---------------------------------------------------------------- the recovery's fresh probe
@@ -175,3 +189,52 @@ async def test_a_dead_slurmd_that_refuses_is_still_reported_though_slurm_hears_i
     (found,) = watcher.read_logs_once()
     assert found.kind == "node_unreachable" and "refused" in found.text
     assert watcher.stats.probe_alive == 0
+
+
+# ---------------------------------------------------------------- the SYN probe tells them apart
+
+
+@needs_raw
+async def test_the_syn_probe_tells_a_full_backlog_from_a_silent_host(flooded: int) -> None:
+    prober = SynProber()
+    try:
+        full, gone = await prober.probe(
+            [ProbeTarget("n1", "127.0.0.1", flooded), ProbeTarget("n2", BLACKHOLE, 6818)], 0.6
+        )
+    finally:
+        await prober.close()
+    assert (full.ok, full.detail) == (False, LISTEN_FULL)
+    assert not gone.ok and (gone.detail == SILENT or gone.detail.startswith("unreachable"))
+
+
+@needs_raw
+async def test_with_syn_probes_a_flooded_node_is_alive_and_a_silent_one_convicted_at_once(
+    flooded: int, tmp_path: Path
+) -> None:
+    # Slurm no longer hears n1 (its ping met the flood too) and still lists n2 (it has not
+    # pinged it since it went dark): the probes' own word decides both.
+    scheduler = FakeScheduler()
+    scheduler.nodes = [
+        node("n1", flooded, NodeFlag.NOT_RESPONDING),
+        Node(name="n2", state=NodeState.ALLOCATED, address=BLACKHOLE, port=6818),
+    ]
+    scheduler.jobs = [job("101", ["n1", "n2"], tmp_path / "101.out")]
+    monitor = LivenessMonitor(SynProber(), interval_s=0.1, timeout_s=0.4, failures=3)
+    watcher = watcher_for(scheduler, tmp_path, monitor)
+    try:
+        seen = await watcher.poll_once()
+        for _ in range(3):
+            await monitor.probe_once()
+        seen += await watcher.poll_once()
+        seen += watcher.read_logs_once()
+    finally:
+        await monitor.prober.close()
+    probed = [d for d in seen if d.source is DetectionSource.PROBE]
+    assert [d.nodes for d in probed] == [["n2"]], probed
+    assert watcher.stats.probe_alive == 1
+    syn = make_prober("syn")
+    try:
+        read = await probe_now(syn, scheduler.nodes[:1])
+    finally:
+        await syn.close()
+    assert read.silent == [] and "listen queue is full" in read.alive["n1"]
