@@ -258,10 +258,10 @@ class Liveness:
                 self._alive_said[node] = down.failing_since
                 self.stats.probe_alive += 1
                 logger.warning(
-                    "%s: not reported: %s, but %s (a full listen backlog?)",
+                    "%s: not reported, alive: %s; probes: %s",
                     node,
-                    self._unreachable_text(node, down),
                     why,
+                    self._unreachable_text(node, down),
                 )
         for node in set(self._alive_said) - set(unreachable):
             del self._alive_said[node]
