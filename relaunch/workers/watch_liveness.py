@@ -6,8 +6,9 @@ node agents' heartbeats.
   node, however many jobs share it; not those Slurm lists DOWN) has its slurmd probed every
   ``probe_interval_s`` beside the polling; ``probe_failures`` failures in a row make a trusted
   ``node_unreachable`` detection (source ``probe``) for each RUNNING job on the node, unless
-  every probe timed out while Slurm's listing shows the node's slurmd responding or its agent
-  beats: any job can fill a slurmd's listen backlog (relaunch/detection/liveness.py). Such a
+  the node is alive all the same (relaunch/detection/liveness.py: any job can fill a slurmd's
+  listen backlog): its kernel reset the SYN probe's ACK (a full listen queue), or a connect
+  probe timed out while Slurm's listing shows its slurmd responding or its agent beats. Such a
   streak is logged once and counted (``probe_alive``), not reported.
 - A node agent (``relaunch agent --heartbeat`` with ``--output DIR/telemetry.jsonl``) replaces
   the small file ``DIR/heartbeat`` at every beat; the telemetry file never grows with beats.
@@ -242,10 +243,10 @@ class Liveness:
         stats.probed_nodes, stats.unreachable_nodes = len(targets), len(self._unreachable)
 
     def _convicted(self, unreachable: dict[str, NodeLiveness]) -> dict[str, NodeLiveness]:
-        """The unreachable nodes the probes convict: not those no probe got an answer from
-        (a timeout) while Slurm's last listing shows their slurmd responding or their agent
-        still beats (relaunch/detection/liveness.py): a job can fill a slurmd's listen
-        backlog. Each such streak is said once."""
+        """The unreachable nodes the probes convict: not those alive all the same by
+        ``alive_despite_probe`` (a full listen queue, or a timeout while Slurm's last listing
+        shows their slurmd responding or their agent still beats). Each such streak is said
+        once."""
         out: dict[str, NodeLiveness] = {}
         for node, down in unreachable.items():
             why = alive_despite_probe(
