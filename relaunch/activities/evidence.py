@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from relaunch.connectors.logstores import fetch_evidence_logs
 from relaunch.connectors.telemetry import read_job_telemetry
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
 from relaunch.detection.lines import lines_since
+from relaunch.detection.liveness import alive_despite_probe
 from relaunch.detection.markers import last_progress
 from relaunch.detection.planning import PlanHistory, held_out, make_plan, partition_size
 from relaunch.detection.progress import last_checkpoint
@@ -43,7 +45,7 @@ from relaunch.models.scheduler import Job, Node
 
 LOG_TAIL_BYTES = 4 * 1024 * 1024
 NODE_LOG_TAIL_BYTES = 1024 * 1024
-# The evidence step's own probe of the job's nodes (see _unreachable).
+# The evidence step's own probe of the job's nodes (see probe_now).
 # The evidence of an attempt the job has moved on from (requeued since) reads its nodes' kernel
 # logs from this long before its first detection.
 MOVED_ON_LOOKBACK = timedelta(minutes=10)
@@ -86,15 +88,28 @@ def _last_progress(events: list[StoredEvent]) -> datetime | None:
     return min(stamps) if stamps else None
 
 
-async def unreachable_now(prober: Prober, nodes: list[Node]) -> list[str]:
+@dataclass(frozen=True)
+class ProbeRead:
+    """The recovery's fresh probe of some nodes: those it convicts as silent, and those no
+    probe reached that are alive all the same, with why (``alive_despite_probe``)."""
+
+    silent: list[str] = field(default_factory=list)
+    alive: dict[str, str] = field(default_factory=dict)
+
+
+async def probe_now(prober: Prober, nodes: list[Node]) -> ProbeRead:
     """The nodes whose slurmd answers none of ``PROBE_TRIES`` probes ``PROBE_PAUSE_S``
     apart: the recovery's own fresh read of what the watcher's probe saw (one lost packet
-    convicts nobody). A node Slurm lists without an address and port is not probed."""
+    convicts nobody). A node Slurm lists without an address and port is not probed. ``nodes``
+    is Slurm's fresh read: a node that gave no answer at all (a timeout: a full listen backlog
+    looks the same as a dead node) while Slurm sees its slurmd responding is alive, not silent
+    (relaunch/detection/liveness.py)."""
     targets = []
     for node in nodes:
         if node.address and node.port:
             with contextlib.suppress(ValueError):  # an address no probe may be sent to
                 targets.append(ProbeTarget(node.name, node.address, node.port))
+    details: dict[str, str] = {}
     for attempt in range(PROBE_TRIES):
         if not targets:
             break
@@ -104,10 +119,24 @@ async def unreachable_now(prober: Prober, nodes: list[Node]) -> list[str]:
             results = await prober.probe(targets, PROBE_TIMEOUT_S)
         except ProbeError as exc:  # no probe could be sent: nothing is known, not "dead"
             activity.logger.warning("could not probe the nodes: %s", exc)
-            return []
+            return ProbeRead()
         answered = {r.node for r in results if r.ok}
+        details.update({r.node: r.detail for r in results if not r.ok})
         targets = [t for t in targets if t.node not in answered]
-    return [t.node for t in targets]
+    by_name = {n.name: n for n in nodes}
+    read = ProbeRead()
+    for target in targets:
+        why = alive_despite_probe(details.get(target.node, ""), by_name.get(target.node))
+        if why is None:
+            read.silent.append(target.node)
+        else:
+            read.alive[target.node] = f"no probe answered (timeout), but {why}"
+    return read
+
+
+async def unreachable_now(prober: Prober, nodes: list[Node]) -> list[str]:
+    """The nodes :func:`probe_now` convicts as silent."""
+    return (await probe_now(prober, nodes)).silent
 
 
 class EvidenceActivities:
@@ -194,7 +223,8 @@ class EvidenceActivities:
                 job = job.model_copy(update={"nodes": sorted(set(job.nodes) | named)})
         by_name = {n.name: n for n in nodes}
         allocated = [by_name[n] for n in job.nodes if n in by_name]
-        unreachable = await self._unreachable(allocated)
+        probed = await probe_now(self.deps.prober(), allocated)
+        unreachable = probed.silent
         # With JobFileAppend a requeued job's log holds every attempt; an earlier attempt's
         # lines were that attempt's evidence, not this one's.
         start = await self._attempt_log_start(inp, job.stdout_path)
@@ -261,6 +291,7 @@ class EvidenceActivities:
             "evidence",
             f"job {job.job_id} {job.state.value} on {','.join(job.nodes) or '-'}; bundle {path}"
             + (f"; refused to read {', '.join(refused)}" if refused else "")
+            + "".join(f"; {n}: {why}, not convicted" for n, why in sorted(probed.alive.items()))
             + (f"; requeued since this attempt (restart {live} now)" if live > inp.attempt else ""),
             dedupe="evidence",
             nodes=job.nodes,
@@ -276,6 +307,8 @@ class EvidenceActivities:
                 },
                 "node_states": bundle_job.node_states,
                 "unreachable_nodes": unreachable,
+                # Probe-unreachable but alive (a full listen backlog?): recorded, not convicted.
+                **({"probe_alive": probed.alive} if probed.alive else {}),
                 "log_excerpt": job_log.splitlines()[-40:],
                 "node_log_excerpts": {n: t.splitlines()[-10:] for n, t in node_logs.items()},
                 "health_events": len(health),

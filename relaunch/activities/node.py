@@ -18,7 +18,7 @@ from temporalio import activity
 
 from relaunch.activities.actions import ActionActivities, drain_check
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
-from relaunch.activities.evidence import EvidenceActivities, unreachable_now
+from relaunch.activities.evidence import EvidenceActivities, probe_now
 from relaunch.connectors.temporal import NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.errors import JobNotFoundError, SchedulerError
@@ -279,9 +279,11 @@ class NodeActivities:
                 else f"it is back in service ({node.display_state})",
             )
             return LookAgainResult(looked="back")
-        if inp.node not in await unreachable_now(self.deps.prober(), [node]):
+        probed = await probe_now(self.deps.prober(), [node])
+        if inp.node not in probed.silent:
             if inp.last:
-                await self._not_ahead(inp, "its slurmd still answers a fresh probe")
+                alive = probed.alive.get(inp.node)
+                await self._not_ahead(inp, alive or "its slurmd still answers a fresh probe")
             return LookAgainResult(looked="answers")
         if node.state is not NodeState.DOWN:
             fence = inp.plan.model_copy(update={"drain": False, "fence": True, "guards": []})
@@ -407,18 +409,26 @@ class NodeActivities:
             )
         if report is None:
             raise ValueError("plan_node needs the first join or the watcher's report")
-        unreachable = inp.node in await unreachable_now(self.deps.prober(), [node] if node else [])
+        probed = await probe_now(self.deps.prober(), [node] if node else [])
+        unreachable = inp.node in probed.silent
         if node is None or (report.source is DetectionSource.PROBE and not unreachable):
             seen = "unreachable" if report.source is DetectionSource.PROBE else "failed"
+            alive = probed.alive.get(inp.node)
+            but = (
+                "Slurm does not list it" if node is None else alive or "a fresh probe had an answer"
+            )
             await self.deps.audit_row(
                 inp.decision_id,
                 "node_report",
-                f"the watcher reported {inp.node} {seen} ({report.text}), but "
-                f"{'Slurm does not list it' if node is None else 'a fresh probe had an answer'}"
+                f"the watcher reported {inp.node} {seen} ({report.text}), but {but}"
                 ": not convicted on the report; the verdicts of its jobs decide",
                 dedupe="node_report",
                 nodes=[inp.node],
-                data={"report": report.model_dump(mode="json"), "convicted": False},
+                data={
+                    "report": report.model_dump(mode="json"),
+                    "convicted": False,
+                    **({"probe_alive": alive} if alive else {}),
+                },
             )
             return None
         if report.source is DetectionSource.PROBE:

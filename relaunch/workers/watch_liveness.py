@@ -5,7 +5,11 @@ node agents' heartbeats.
   So, with a :class:`LivenessMonitor`, every node a RUNNING watched job runs on (one target per
   node, however many jobs share it; not those Slurm lists DOWN) has its slurmd probed every
   ``probe_interval_s`` beside the polling; ``probe_failures`` failures in a row make a trusted
-  ``node_unreachable`` detection (source ``probe``) for each RUNNING job on the node.
+  ``node_unreachable`` detection (source ``probe``) for each RUNNING job on the node, unless
+  the node is alive all the same (relaunch/detection/liveness.py: any job can fill a slurmd's
+  listen backlog): its kernel reset the SYN probe's ACK (a full listen queue), or a connect
+  probe timed out while Slurm's listing shows its slurmd responding or its agent beats. Such a
+  streak is logged once and counted (``probe_alive``), not reported.
 - A node agent (``relaunch agent --heartbeat`` with ``--output DIR/telemetry.jsonl``) replaces
   the small file ``DIR/heartbeat`` at every beat; the telemetry file never grows with beats.
   Once per poll the watcher looks at each running node's heartbeat file: a changed (inode,
@@ -40,6 +44,7 @@ from pathlib import Path
 
 from relaunch.connectors.liveness import MAX_TARGETS, LivenessMonitor, NodeLiveness, ProbeTarget
 from relaunch.connectors.telemetry.heartbeat import MAX_HEARTBEAT_BYTES, heartbeat_path
+from relaunch.detection.liveness import alive_despite_probe
 from relaunch.models.errors import InvalidNameError
 from relaunch.models.recovery import DetectionSource
 from relaunch.models.scheduler import Job, JobState, Node, NodeState
@@ -145,6 +150,9 @@ class Liveness:
         self._floors = (hang_floor_s, lag_floor_s)
         self._targets: dict[str, ProbeTarget] = {}
         self._unreachable: dict[str, NodeLiveness] = {}
+        self._nodes: dict[str, Node] = {}  # Slurm's view of the nodes at the last poll
+        self._alive_said: dict[str, datetime | None] = {}  # node -> the streak said alive
+        self._wall: datetime | None = None  # the last poll's wall time
         self._bad_targets: set[str] = set()
         self._capped_said = False
         self._beats: dict[str, Heartbeat] = {}
@@ -155,12 +163,13 @@ class Liveness:
         """Once per poll: tell the monitor which nodes to probe, look at the running nodes'
         heartbeat files, and take both verdicts (and the counters) for the passes to come."""
         running = [job for job in jobs if job.state is JobState.RUNNING]
-        self._probe(running, nodes)
         self._look(running, wall)
+        self._wall = wall
+        self._probe(running, nodes)
 
     def refresh(self) -> None:
         """Once per log pass: the monitor's verdicts (a dict read)."""
-        self._unreachable = self.monitor.unreachable() if self.monitor else {}
+        self._unreachable = self._convicted(self.monitor.unreachable()) if self.monitor else {}
 
     def news(self, poll: Poll) -> None:
         """A detection for each of a RUNNING job's nodes that the probes call unreachable or
@@ -226,11 +235,45 @@ class Liveness:
             )
         monitor.watch(targets.values())
         self._targets = targets
-        self._unreachable = monitor.unreachable()
+        self._nodes = nodes
+        self._unreachable = self._convicted(monitor.unreachable())
         stats = self.stats
         stats.probes, stats.probe_failures = monitor.stats.probes, monitor.stats.failed
         stats.probe_errors = monitor.stats.errors
         stats.probed_nodes, stats.unreachable_nodes = len(targets), len(self._unreachable)
+
+    def _convicted(self, unreachable: dict[str, NodeLiveness]) -> dict[str, NodeLiveness]:
+        """The unreachable nodes the probes convict: not those alive all the same by
+        ``alive_despite_probe`` (a full listen queue, or a timeout while Slurm's last listing
+        shows their slurmd responding or their agent still beats). Each such streak is said
+        once."""
+        out: dict[str, NodeLiveness] = {}
+        for node, down in unreachable.items():
+            why = alive_despite_probe(
+                down.detail, self._nodes.get(node), heartbeat_fresh=self._beating(node)
+            )
+            if why is None:
+                out[node] = down
+                continue
+            if node not in self._alive_said or self._alive_said[node] != down.failing_since:
+                self._alive_said[node] = down.failing_since
+                self.stats.probe_alive += 1
+                logger.warning(
+                    "%s: not reported, alive: %s; probes: %s",
+                    node,
+                    why,
+                    self._unreachable_text(node, down),
+                )
+        for node in set(self._alive_said) - set(unreachable):
+            del self._alive_said[node]
+        return out
+
+    def _beating(self, node: str) -> bool:
+        """Whether the node's agent beat within the heartbeat timeout (the watcher's clock)."""
+        beat, wall = self._beats.get(node), self._wall
+        if beat is None or beat.seen is None or beat.blind or wall is None:
+            return False
+        return (wall - beat.seen).total_seconds() <= self._timeout_s
 
     def _target(self, name: str, node: Node) -> ProbeTarget | None:
         target = self._targets.get(name)

@@ -38,6 +38,7 @@ class WatchStats:
     probe_errors: int = 0  # rounds that could not probe at all (e.g. the SSH host failed)
     probed_nodes: int = 0  # nodes probed now
     unreachable_nodes: int = 0  # nodes the probes call unreachable now
+    probe_alive: int = 0  # probe streaks not reported: a timeout, but Slurm or the agent vouch
     heartbeat_nodes: int = 0  # nodes whose agent's heartbeat is followed now
 
 

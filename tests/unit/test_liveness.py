@@ -167,7 +167,7 @@ async def test_syn_probe_answers_without_a_connection(
         assert (also_up.ok, also_up.detail) == (True, "answered")
         assert (dead.ok, dead.detail) == (False, "refused")
         assert not gone.ok
-        assert gone.detail == "timeout" or gone.detail.startswith("unreachable")
+        assert gone.detail == liveness.SILENT or gone.detail.startswith("unreachable")
         assert took < 1.0
         # A second round on the same sockets works the same.
         again = await prober.probe(targets[:1], 0.5)
@@ -574,8 +574,9 @@ async def test_a_frozen_process_still_answers_syn_probes() -> None:
 
 @needs_raw
 async def test_a_silent_node_gets_its_syn_twice_per_round() -> None:
-    """A listener whose accept queue is full drops SYNs (a silent node on loopback): the probe
-    times out, and a sniffer on loopback sees the SYN sent again at half the timeout."""
+    """A listener whose accept queue is full drops SYNs: the probe gets no SYN-ACK, and a
+    sniffer on loopback sees the SYN sent again at half the timeout, with a bare ACK that the
+    kernel resets: the node is up, its listen queue full (a backlog flood, not a dead host)."""
     full = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     full.bind(("127.0.0.1", 0))
     full.listen(0)
@@ -596,15 +597,18 @@ async def test_a_silent_node_gets_its_syn_twice_per_round() -> None:
     prober = SynProber()
     try:
         (result,) = await prober.probe([ProbeTarget("silent", "127.0.0.1", port)], 0.6)
-        assert (result.ok, result.detail) == (False, "timeout")
+        assert (result.ok, result.detail) == (False, liveness.LISTEN_FULL)
         ours = prober._channels[socket.AF_INET].port
-        syns = 0
+        syns = acks = resets = 0
         with contextlib.suppress(BlockingIOError):
             while True:
                 parsed = liveness.parse_reply(sniffer.recv(65535), True)
-                if parsed and parsed[1:3] == (ours, port) and parsed[4] == 0x02:
-                    syns += 1
-        assert syns == 2
+                if parsed and parsed[1:3] == (ours, port):
+                    syns += parsed[4] == 0x02
+                    acks += parsed[4] == 0x10
+                if parsed and parsed[1:3] == (port, ours):
+                    resets += bool(parsed[4] & 0x04)
+        assert (syns, acks, resets) == (2, 1, 1)
     finally:
         await prober.close()
         sniffer.close()

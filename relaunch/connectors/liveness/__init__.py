@@ -19,8 +19,14 @@ What a probe result means (``ProbeResult.detail``):
 - ``answered`` (ok): a SYN-ACK (or, for ``ConnectProber``, an accepted connection). The node's
   kernel is up, reachable over the network, and slurmd's listening socket exists.
 - ``refused`` (failed): a RST. The host is up but nothing listens on the port: slurmd is dead.
-- ``timeout`` (failed): no answer within the timeout: the host is powered off, panicked, or off
-  the fabric (or a firewall drops the probe).
+- ``timeout`` (failed, ``ConnectProber`` and ``RemoteProber``): no answer within the timeout:
+  the host is powered off, panicked, or off the fabric (or a firewall drops the probe), or
+  slurmd's accept queue is full (a job can fill it with idle connections: the kernel then drops
+  every SYN), so a timeout alone never convicts (relaunch/detection/liveness.py).
+- ``SILENT`` (failed, ``SynProber``): no answer to the SYN nor to a bare ACK sent with its
+  second copy: the host is gone or off the fabric.
+- ``LISTEN_FULL`` (failed, ``SynProber``): no SYN-ACK, but the node's kernel resets the bare
+  ACK: the host is up and slurmd's listen queue is full (a backlog flood, or a hung slurmd).
 - ``unreachable: ...``, ``resolve: ...`` or another short error text (failed): the local side
   could not even send the probe (no route, name not resolvable).
 
@@ -61,8 +67,10 @@ from relaunch.connectors.liveness.remote import RemoteProber, Runner, remote_scr
 from relaunch.connectors.liveness.shared import SharedProber
 from relaunch.connectors.liveness.syn import SynProber
 from relaunch.connectors.liveness.targets import (
+    LISTEN_FULL,
     MAX_TARGETS,
     MAX_TIMEOUT_S,
+    SILENT,
     ProbeError,
     Prober,
     ProbeResult,
@@ -72,7 +80,9 @@ from relaunch.connectors.liveness.targets import (
 )
 
 __all__ = [
+    "LISTEN_FULL",
     "MAX_TARGETS",
+    "SILENT",
     "MAX_TIMEOUT_S",
     "ConnectProber",
     "LivenessMonitor",

@@ -43,6 +43,26 @@ def syn_segment(src: bytes, dst: bytes, sport: int, dport: int, seq: int) -> byt
     return segment[:16] + struct.pack("!H", checksum) + segment[18:]
 
 
+def ack_segment(src: bytes, dst: bytes, sport: int, dport: int, seq: int, ack: int) -> bytes:
+    """A bare TCP ACK from ``src:sport`` to ``dst:dport`` that belongs to no connection: a live
+    kernel answers it with a RST whose sequence number is ``ack``, whether a listener's accept
+    queue is full (when it drops SYNs) or not."""
+    header = struct.pack("!HHIIBBHHH", sport, dport, seq, ack, 5 << 4, 0x10, 64240, 0, 0)
+    checksum = tcp_checksum(src, dst, header)
+    return header[:16] + struct.pack("!H", checksum) + header[18:]
+
+
+def reply_seq(packet: bytes, ip_header: bool) -> int | None:
+    """The sequence number of a TCP packet read from a raw socket (None when it is not one)."""
+    if ip_header:
+        if len(packet) < 20 or packet[0] >> 4 != 4 or packet[9] != 6:
+            return None
+        packet = packet[(packet[0] & 0x0F) * 4 :]
+    if len(packet) < 20:
+        return None
+    return int(struct.unpack("!I", packet[4:8])[0])
+
+
 def parse_reply(packet: bytes, ip_header: bool) -> tuple[bytes, int, int, int, int] | None:
     """``(source address, source port, destination port, ack, flags)`` of a TCP packet read
     from a raw socket (IPv4 packets carry their IP header, IPv6 ones do not: the source

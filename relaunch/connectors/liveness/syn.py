@@ -16,16 +16,21 @@ from dataclasses import dataclass
 
 from relaunch.connectors.liveness.connect import ConnectProber
 from relaunch.connectors.liveness.packets import (
+    RST,
+    ack_segment,
     attach_filter,
     classify,
     parse_reply,
     port_filter,
+    reply_seq,
     reserve_port,
     source_address,
     syn_segment,
 )
 from relaunch.connectors.liveness.targets import (
+    LISTEN_FULL,
     MAX_TARGETS,
+    SILENT,
     ProbeError,
     ProbeResult,
     ProbeTarget,
@@ -46,6 +51,9 @@ class _Pending:
     future: asyncio.Future[tuple[str, float]]
     segment: bytes = b""
     address: str = ""
+    ack: bytes = b""  # the bare ACK sent with the SYN's second copy
+    ack_number: int = -1  # its acknowledgement number: a RST to it carries it as its seq
+    kernel: bool = False  # the node's kernel reset that ACK
 
 
 class _Resolver:
@@ -131,6 +139,14 @@ class _RawChannel:
                 src = socket.inet_pton(self.family, str(peer[0]))
             waiting = self.pending.get((src, sport))
             outcome = classify(flags)
+            if (
+                flags & RST
+                and dport == self.port
+                and waiting is not None
+                and reply_seq(packet, self.ip_header) == waiting.ack_number
+            ):
+                waiting.kernel = True  # the RST to our bare ACK: the node's kernel is alive
+                continue
             if (
                 dport == self.port
                 and waiting is not None
@@ -243,7 +259,7 @@ class SynProber:
         took = time.monotonic() - start
         results = []
         for target, fut in zip(targets, outcome, strict=True):
-            detail, seconds = ("timeout", took)
+            detail, seconds = (SILENT, took)
             if fut.done() and not fut.cancelled():
                 detail, seconds = fut.result()
             results.append(ProbeResult(target.node, detail == "answered", detail, seconds))
@@ -256,7 +272,9 @@ class SynProber:
         used: list[tuple[_RawChannel, tuple[bytes, int]]],
     ) -> None:
         """Wait for the answers; at half time, send the SYN once more to the silent nodes, so
-        that one lost packet does not count as a failed probe."""
+        that one lost packet does not count as a failed probe, and a bare ACK: a node whose
+        kernel resets it but answers no SYN has a full accept queue (``LISTEN_FULL``), not a
+        dead host (``SILENT``): a job can fill slurmd's backlog with idle connections."""
         deadline = time.monotonic() + timeout_s
         waiting = [f for f in by_key.values() if not f.done()]
         if waiting:
@@ -266,9 +284,14 @@ class SynProber:
             if pending is not None and not pending.future.done():
                 with contextlib.suppress(OSError):  # the first send's outcome stands
                     channel.sock.sendto(pending.segment, (pending.address, 0))
+                    channel.sock.sendto(pending.ack, (pending.address, 0))
         waiting = [f for f in by_key.values() if not f.done()]
         if waiting:
             await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+        for channel, key in used:
+            pending = channel.pending.get(key)
+            if pending is not None and pending.kernel and not pending.future.done():
+                pending.future.set_result((LISTEN_FULL, time.monotonic() - pending.sent))
 
     async def _connect(self, targets: list[ProbeTarget], timeout_s: float) -> list[ProbeResult]:
         if not targets or self._fallback is None:
@@ -290,7 +313,9 @@ class SynProber:
             seq = int.from_bytes(os.urandom(4), "big")
             key = (dst, port)
             segment = syn_segment(src, dst, channel.port, port, seq)
-            channel.pending[key] = _Pending(seq, sent, fut, segment, address)
+            number = int.from_bytes(os.urandom(4), "big")
+            ack = ack_segment(src, dst, channel.port, port, (seq + 1) & 0xFFFFFFFF, number)
+            channel.pending[key] = _Pending(seq, sent, fut, segment, address, ack, number)
             used.append((channel, key))
             channel.sock.sendto(segment, (address, 0))
         except OSError as exc:

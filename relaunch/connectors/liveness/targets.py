@@ -18,6 +18,11 @@ from relaunch.models.names import node_name
 MAX_TARGETS = 4096  # one round probes at most this many nodes
 MAX_TIMEOUT_S = 30.0
 DETAIL_MAX = 120  # characters of a probe's detail
+# A SYN probe's failures with no answer to the SYN: nothing at all came back, not even a RST to
+# a bare ACK sent after it (the host is gone or off the fabric), or the node's kernel reset the
+# ACK while the listener dropped the SYNs (its accept queue is full: any job can fill it).
+SILENT = "silent: no answer to a SYN or an ACK"
+LISTEN_FULL = "no SYN-ACK, but the node resets an ACK: listen queue full"
 _DNS_NAME = re.compile(
     r"(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
