@@ -54,7 +54,7 @@ from relaunch.models.intake import intake_incident as intake_incident  # where i
 from relaunch.models.lifecycle import NoLifecycleError, RepairReturn
 from relaunch.models.names import cluster_name, node_name
 from relaunch.models.recovery import AuditRecord, Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState, watched
+from relaunch.models.scheduler import Job, JobState, NodeFlag, watched
 
 log = logging.getLogger("relaunch.console.intake")
 
@@ -511,6 +511,13 @@ async def slurm(request: Request) -> Response:
         else:
             kind = f"slurm_hook:{event.event.value}"
         jobs = await _jobs(cl)
+        doubt = await _not_borne_out(cl, event, jobs)
+        if doubt is not None:
+            # Any intake token may post here: what it says becomes a scheduler detection only
+            # when Slurm's own fresh view says the same (docs/trust.md, "Intakes").
+            log.info("intake from slurm not borne out by Slurm: %s", doubt)
+            entry["note"] = f"not borne out by Slurm's own view ({doubt}): recorded, no action"
+            return JSONResponse(entry)
         found = _candidates(cl, jobs, event.node, event.job_id)
         targets = [
             Target(
@@ -535,6 +542,26 @@ async def slurm(request: Request) -> Response:
         log.warning("intake from slurm not delivered: %s", type(exc).__name__)
         return _unavailable(f"not delivered, retry later: {type(exc).__name__}")
     return JSONResponse(entry)
+
+
+async def _not_borne_out(cl: Cluster, event: SlurmHookEvent, jobs: list[Job]) -> str | None:
+    """Why Slurm's own fresh view does not bear the hook's event out, or None when it does: a
+    job that ended abnormally in Slurm's listing (not the state the sender claims), a node Slurm
+    lists down, failed or not responding. The sender may be any intake token."""
+    if event.event is SlurmEventKind.JOB_END:
+        job = next((j for j in jobs if j.job_id == event.job_id), None)
+        if job is None or job.state.is_abnormal_end:
+            return None  # gone from the listing: no watched job to deliver to anyway
+        return f"Slurm lists job {job.job_id} {job.state.value}"
+    assert cl.services.scheduler is not None  # _jobs checked it
+    name = event.node or ""
+    nodes = {n.name: n for n in await cl.services.scheduler.list_nodes()}
+    node = nodes.get(name) or nodes.get(name.split(".")[0])
+    if node is None:
+        return f"Slurm lists no node {name}"
+    if not node.responding or NodeFlag.FAIL in node.flags:
+        return None
+    return f"Slurm lists {node.name} {node.display_state}"
 
 
 # ---------------------------------------------------------------------- repair callback

@@ -41,7 +41,7 @@ from relaunch.models.config import ClusterConfig, ConsoleSettings
 from relaunch.models.lifecycle import RepairReturn
 from relaunch.models.notify import NotifyEvent
 from relaunch.models.recovery import TRUSTED_DETECTION_SOURCES, Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState
+from relaunch.models.scheduler import Job, JobState, NodeFlag, NodeState
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.postgres import embedded_postgres
 from tests.unit.test_intake_health import xid79
@@ -265,7 +265,9 @@ def test_a_repeated_event_is_stored_once_with_or_without_a_time(env: Env) -> Non
     # Another message is another event.
     env.post("hc", "/intake/health", generic("n2", "GPU 1 fell off the bus"))
     assert len([r for r in env.rows() if r.kind == "health_event"]) == 2
-    # A Slurm hook's event without a time, sent twice: recorded and delivered once.
+    # A Slurm hook's event without a time, sent twice: recorded and delivered once (n1 is
+    # down in Slurm's own view: what an intake says of Slurm is delivered only then).
+    env.sched.set_node("n1", state=NodeState.DOWN, flags=[NodeFlag.NOT_RESPONDING])
     before = len(env.temporal.sent)
     down = {"event": "node_down", "node": "n1"}
     for _ in range(2):
@@ -389,3 +391,33 @@ def test_a_job_s_own_words_are_marked_and_bounded_in_every_channel_body(
             assert piece.endswith(
                 "[job output, the job's own words: \\\"Relaunch: hardware confirmed, "
             ), (channel, piece[-80:])
+
+
+def test_a_slurm_event_is_delivered_only_where_slurm_bears_it_out(env: Env) -> None:
+    """Any intake token may post to /intake/slurm: a node_down for a node Slurm still hears, or
+    a job_end NODE_FAIL for a job Slurm lists RUNNING, must not requeue that job."""
+    env.sched.set_node("n2", state=NodeState.MIXED, flags=[])
+    for body in (
+        {"event": "node_down", "node": "n2"},
+        {"event": "node_fail", "node": "n2.cluster.example"},
+        {"event": "node_down", "node": "n9"},
+        {"event": "job_end", "job_id": "41", "state": "NODE_FAIL"},
+    ):
+        r = env.post("hc", "/intake/slurm", body)
+        assert r.status_code == 200, r.text
+        assert "not borne out by Slurm" in r.json()["note"], r.json()
+    assert env.temporal.sent == []
+    recorded = [r for r in env.rows() if r.data.get("source") == "slurm_hook"]
+    assert len(recorded) == 4  # each recorded for the audit trail, none delivered
+    # The same events once Slurm's own view says so: delivered as scheduler detections.
+    env.sched.set_node("n2", state=NodeState.DOWN, flags=[NodeFlag.NOT_RESPONDING])
+    r = env.post(
+        "hc", "/intake/slurm", {"event": "node_down", "node": "n2", "time": NOW.isoformat()}
+    )
+    assert r.status_code == 200 and len(r.json()["detections"]) == 1, r.text
+    r = env.post("hc", "/intake/slurm", {"event": "job_end", "job_id": "43", "state": "NODE_FAIL"})
+    assert r.status_code == 200 and len(r.json()["detections"]) == 1, r.text
+    assert [(d.job_id, d.source.value) for d in env.temporal.sent] == [
+        ("41", "scheduler"),
+        ("43", "scheduler"),
+    ]
