@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import pwd
 import stat
@@ -34,6 +35,8 @@ from pydantic import BaseModel, Field
 from relaunch.models.config import JobOutputSettings
 from relaunch.models.errors import RefusedPathError
 from relaunch.models.scheduler import Job
+
+log = logging.getLogger(__name__)
 
 # Never job output, and reading them as the service would read the service's own state
 # (/proc/self/environ) or a device.
@@ -66,9 +69,23 @@ _SEARCH = (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
 
 def job_identity(job: Job) -> JobIdentity | None:
     """The job's uid and groups: Slurm's uid/gid, plus the user's supplementary groups where
-    this host knows the user. None when Slurm gave no uid and the name is unknown here (a job
-    file is then refused: there is no one to check access for)."""
+    this host knows the user. None when Slurm gave no uid and the name is unknown here, or when
+    this host knows the uid under another name (a job file is then refused: there is no one
+    to check access for)."""
     uid, gid, name = job.user_id, job.group_id, job.user
+    if uid is not None and name:
+        # Slurm's name must be this uid's name here: a name that belongs to someone else would
+        # add that user's groups (or a record that says uid 0 for a user's job is not Slurm's).
+        with contextlib.suppress(KeyError):
+            if pwd.getpwuid(uid).pw_name != name:
+                log.warning(
+                    "job %s: Slurm says user %r for uid %d, this host does not: its "
+                    "files are not read",
+                    job.job_id,
+                    name[:64],
+                    uid,
+                )
+                return None
     if uid is None and name:
         try:
             entry = pwd.getpwnam(name)
