@@ -253,7 +253,6 @@ BRIEF_FORMAT = ",".join(f"{name}:0{BRIEF_SEPARATOR}" for name in (*BRIEF_FIELDS,
 # What a row splits into: the fields, the closing job id, and the empty text after the last
 # separator.
 _BRIEF_WIDTH = len(BRIEF_FIELDS) + 2
-_JOB_ID = re.compile(r"[0-9]{1,10}")
 
 
 def _minutes(limit: str) -> int | None:
@@ -313,7 +312,7 @@ class BriefListing:
             why = ""
             if len(values) != _BRIEF_WIDTH or values[-1] != "":
                 why = f"{len(values) - 1} fields, not {_BRIEF_WIDTH - 1}"
-            elif not _JOB_ID.fullmatch(values[0]) or values[-2] != values[0]:
+            elif values[-2] != values[0] or not (values[0].isdigit() and values[0].isascii()):
                 why = "not opened and closed by the same job id"
             elif values[0] in self._rows:
                 why = f"job {values[0]} twice"
