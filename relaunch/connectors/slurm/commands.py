@@ -77,6 +77,7 @@ class SlurmCli:
         self._job_reads: FreshRead[parse.JobListing] = FreshRead(self._read_jobs)
         self._node_reads: FreshRead[list[Node]] = FreshRead(self._read_nodes)
         self._brief_reads: FreshRead[parse.BriefListing] = FreshRead(self._read_brief)
+        self._brief_refused = ""  # why the last brief listing was refused, if it was
 
     # ---------------------------------------------------------------- plumbing
 
@@ -170,10 +171,16 @@ class SlurmCli:
         falls back to the JSON."""
         listing = await self._brief_reads()
         jobs = listing.all()
+        cause = listing.why.partition(": ")[2]  # without the line number, which moves
+        if cause != self._brief_refused:  # said once per cause, not at every poll
+            self._brief_refused = cause
+            if cause:
+                log.info(
+                    "squeue's text listing is not used (%s); reading squeue --json", listing.why
+                )
         if jobs is None:
             # A newline or separator in a job's text (name, comment, paths): its user can make
             # each poll read the JSON listing, never make the text one say something else.
-            log.info("squeue's text listing is not used (%s); reading squeue --json", listing.why)
             return await self.list_jobs()
         return jobs
 
