@@ -91,13 +91,16 @@ def test_a_forged_text_listing_is_refused_whole_and_says_where() -> None:
     assert "mallory" not in parse.BriefListing((FORGED / "brief_closed.txt").read_text()).why
 
 
-def test_a_jobs_file_is_not_read_as_a_uid_whose_name_here_is_another() -> None:
-    """A record whose name and uid disagree on this host (uid 0 for a user's job) reads no
-    file as that uid; agreeing ones still do."""
+def test_a_jobs_file_is_not_read_as_root_for_a_name_that_is_not_roots() -> None:
+    """uid 0 with a user's name (what a forged row said) reads no file; a name this host
+    gives another uid brings no groups of that user; agreeing ones read as before."""
     root = pwd.getpwuid(0).pw_name
     assert job_identity(Job(job_id="1", user="relaunch-mallory", user_id=0)) is None
     ident = job_identity(Job(job_id="1", user=root, user_id=0, group_id=0))
     assert ident is not None and ident.uid == 0
+    # Slurm's "root" for uid 4242 (another passwd): uid and gid as Slurm says, not root's groups.
+    other = job_identity(Job(job_id="1", user=root, user_id=4242, group_id=4243))
+    assert other is not None and (other.uid, other.gids) == (4242, frozenset({4243}))
     unknown = job_identity(Job(job_id="1", user="nobody-here-xyz", user_id=2_000_000_001))
     assert unknown is not None and unknown.uid == 2_000_000_001  # unknown here: Slurm's uid
 
