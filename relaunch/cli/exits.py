@@ -7,6 +7,7 @@ from typing import NoReturn
 
 import click
 
+from relaunch.cli.terminal import printable
 from relaunch.models.errors import RelaunchError
 
 EX_TEMPFAIL = 75  # sysexits.h: try again later
@@ -17,5 +18,6 @@ def exit_code(exc: RelaunchError) -> int:
 
 
 def fail(exc: RelaunchError) -> NoReturn:
-    click.echo(f"error: {exc}", err=True)
+    # An error may quote a job's name or a user's path: never an escape to the terminal.
+    click.echo(printable(f"error: {exc}"), err=True)
     sys.exit(exit_code(exc))

@@ -14,6 +14,7 @@ import click
 
 from relaunch.cli.exits import exit_code
 from relaunch.cli.exits import fail as _fail
+from relaunch.cli.terminal import json_text, printable
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.devstack.status import StackStatus
@@ -243,19 +244,19 @@ def _call(coro: Coroutine[Any, Any, T]) -> T:
 def _echo_action(result: ActionResult) -> None:
     verb = "done" if result.changed else "unchanged"
     extra = f" — {result.note}" if result.note else ""
-    click.echo(f"{result.action} {result.target}: {verb}{extra}")
-    click.echo(f"  before: {result.before}")
-    click.echo(f"  after:  {result.after}")
+    click.echo(printable(f"{result.action} {result.target}: {verb}{extra}"))
+    click.echo(printable(f"  before: {result.before}"))
+    click.echo(printable(f"  after:  {result.after}"))
     if result.new_job_id:
         click.echo(f"  new job: {result.new_job_id}")
 
 
 def _job_line(job: Job) -> str:
     nodes = ",".join(job.nodes) or "-"
-    return (
+    return printable(
         f"{job.job_id:>8}  {job.state.value:<13} {job.partition:<8} {nodes:<16} "
         f"restarts={job.restart_count} exit={job.exit_code} {job.reason}"
-    )
+    ).replace("\n", " ")
 
 
 @slurm.command("jobs")
@@ -264,7 +265,7 @@ def _job_line(job: Job) -> str:
 def slurm_jobs(sched: SlurmCli, as_json: bool) -> None:
     """List every job the controller knows."""
     for job in _call(sched.list_jobs()):
-        click.echo(job.model_dump_json() if as_json else _job_line(job))
+        click.echo(json_text(job.model_dump_json()) if as_json else _job_line(job))
 
 
 @slurm.command("job")
@@ -272,7 +273,7 @@ def slurm_jobs(sched: SlurmCli, as_json: bool) -> None:
 @click.pass_obj
 def slurm_job(sched: SlurmCli, job_id: str) -> None:
     """Show one job in full (JSON)."""
-    click.echo(_call(sched.get_job(job_id)).model_dump_json(indent=2))
+    click.echo(json_text(_call(sched.get_job(job_id)).model_dump_json(indent=2)))
 
 
 def _node_line(node: Node) -> str:
@@ -286,7 +287,7 @@ def _node_line(node: Node) -> str:
 def slurm_nodes(sched: SlurmCli, as_json: bool) -> None:
     """List nodes with state, flags and drain reason."""
     for node in _call(sched.list_nodes()):
-        click.echo(node.model_dump_json() if as_json else _node_line(node))
+        click.echo(json_text(node.model_dump_json()) if as_json else _node_line(node))
 
 
 @slurm.command("drain")
@@ -397,7 +398,7 @@ def main() -> None:
         exc.show()
         code = exc.exit_code
     except RelaunchError as exc:  # anything not caught closer to its command
-        click.echo(f"error: {exc}", err=True)
+        click.echo(printable(f"error: {exc}"), err=True)
         code = exit_code(exc)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

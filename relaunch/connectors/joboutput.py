@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import errno
 import grp
+import logging
 import os
 import pwd
 import stat
@@ -42,6 +43,23 @@ from pydantic import BaseModel, Field
 from relaunch.models.config import JobOutputSettings
 from relaunch.models.errors import RefusedPathError
 from relaunch.models.scheduler import Job
+
+log = logging.getLogger(__name__)
+_MISMATCHES_SAID: set[tuple[str, int]] = set()
+
+
+def _say_mismatch(job_id: str, name: str, uid: int, what: str) -> None:
+    """Say once per name and uid that Slurm's user name is not this host's for the uid."""
+    if (name, uid) not in _MISMATCHES_SAID and len(_MISMATCHES_SAID) < 1000:
+        _MISMATCHES_SAID.add((name, uid))
+        log.warning(
+            "job %s: Slurm says user %r for uid %d, this host does not: %s",
+            job_id,
+            name[:64],
+            uid,
+            what,
+        )
+
 
 # Never job output, and reading them as the service would read the service's own state
 # (/proc/self/environ) or a device.
@@ -74,9 +92,27 @@ _SEARCH = (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
 
 def job_identity(job: Job) -> JobIdentity | None:
     """The job's uid and groups: Slurm's uid/gid, plus the user's supplementary groups where
-    this host knows the user. None when Slurm gave no uid and the name is unknown here (a job
-    file is then refused: there is no one to check access for)."""
+    this host knows the user by that name and uid. None when Slurm gave no uid and the name is
+    unknown here, or when a record gives uid 0 to a name this host does not call root (a job
+    file is then refused: there is no one to check access for).
+
+    Slurm's name is checked against this host's name for the uid: where they differ (another
+    passwd, as in a container), the name's groups are not added (they would be another
+    user's), and uid 0 under another name is no identity at all."""
     uid, gid, name = job.user_id, job.group_id, job.user
+    groups_of = name
+    if uid is not None and name:
+        try:
+            here = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            here = None
+        if uid == 0 and here != name:
+            _say_mismatch(job.job_id, name, uid, "its files are not read")
+            return None
+        if here != name:
+            groups_of = ""  # only a name this host gives the same uid brings its groups
+            if here is not None:
+                _say_mismatch(job.job_id, name, uid, "read with Slurm's uid and gid only")
     if uid is None and name:
         try:
             entry = pwd.getpwnam(name)
@@ -89,10 +125,10 @@ def job_identity(job: Job) -> JobIdentity | None:
         with contextlib.suppress(KeyError):
             gid = pwd.getpwuid(uid).pw_gid
     gids = {gid} if gid is not None else set()
-    if name and gid is not None:
-        # A user unknown to this host keeps Slurm's primary group only.
+    if groups_of and gid is not None:
+        # A user unknown to this host (by that uid) keeps Slurm's primary group only.
         with contextlib.suppress(KeyError, OSError):
-            gids.update(os.getgrouplist(name, gid))
+            gids.update(os.getgrouplist(groups_of, gid))
     return JobIdentity(uid=uid, gids=frozenset(gids))
 
 

@@ -213,10 +213,16 @@ class Job(BaseModel):
 
     @property
     def comment_fields(self) -> dict[str, str]:
-        """``relaunch=on,max_restarts=2`` → ``{"relaunch": "on", "max_restarts": "2"}``."""
+        """``relaunch=on,max_restarts=2`` → ``{"relaunch": "on", "max_restarts": "2"}``.
+
+        The comment is its user's text: an option with a control character anywhere in it (a
+        newline, Slurm's text listing's separator, an escape) is no option at all, and only
+        spaces and tabs around one are trimmed (``str.strip`` would trim ``\x1c``-``\x1f``)."""
         fields: dict[str, str] = {}
         for part in self.comment.split(","):
-            key, sep, value = part.strip().partition("=")
+            if _CONTROL.search(part):
+                continue
+            key, sep, value = part.strip(" \t").partition("=")
             if key and sep:
                 fields[key] = value
         return fields
@@ -235,6 +241,7 @@ HANG_AFTER_KEY = "hang_after"
 LAG_AFTER_KEY = "lag_after"
 MIN_AFTER_S = 5.0
 MAX_AFTER_S = 7 * 86400.0
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 _DURATION = re.compile(r"(\d{1,9}(?:\.\d{1,3})?)([smh]?)")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 

@@ -378,6 +378,8 @@ def test_exit_code_parse(text: str, code: str) -> None:
 
 
 def brief_line(**values: str) -> str:
+    values = dict(values)
+    close = values.pop("close", None)
     fields = dict.fromkeys(parse.BRIEF_FIELDS, "")
     fields.update(
         JobID="42", ArrayJobID="42", ArrayTaskID="N/A", State="RUNNING", exit_code="0",
@@ -385,7 +387,8 @@ def brief_line(**values: str) -> str:
         EndTime="N/A", SubmitTime="1796238546",
     )  # fmt: skip
     fields.update(values)
-    return "".join(v + parse.BRIEF_SEPARATOR for v in fields.values())
+    closed = [*fields.values(), fields[parse.BRIEF_CLOSE] if close is None else close]
+    return "".join(v + parse.BRIEF_SEPARATOR for v in closed)
 
 
 def test_the_brief_listing_reads_squeues_text_format() -> None:

@@ -90,10 +90,12 @@ def test_unvalidated_partition_never_reaches_sbatch() -> None:
         commands.resubmit_argv(job, [], submitter=ROOT)
 
 
-def test_unsafe_comment_is_refused() -> None:
+def test_a_comment_option_with_a_newline_is_not_carried_to_the_resubmission() -> None:
+    # A newline is no part of an option (Job.comment_fields): the resubmission's comment
+    # carries the job's other options and the lineage only.
     job = Job(job_id="9", user="alice", comment="relaunch=on,note=a\nb")
-    with pytest.raises(InvalidNameError, match="comment"):
-        commands.resubmit_argv(job, [], submitter=ALICE)
+    argv = commands.resubmit_argv(job, [], submitter=ALICE)
+    assert "--comment=relaunch=on,relaunch_parent=9" in argv
 
 
 def test_root_resubmits_as_the_job_owner_with_uid_and_gid() -> None:

@@ -185,7 +185,8 @@ def _brief_line(job: dict[str, Any]) -> str:
         "GroupID": str(job["group_id"]),
     }
     assert list(values) == list(parse.BRIEF_FIELDS)
-    return "".join(v + parse.BRIEF_SEPARATOR for v in values.values())
+    closed = [*values.values(), values[parse.BRIEF_CLOSE]]
+    return "".join(v + parse.BRIEF_SEPARATOR for v in closed)
 
 
 # ---------------------------------------------------------------- the operations

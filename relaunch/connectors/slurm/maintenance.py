@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.runner import CommandResult, failure, raise_for_controller
 from relaunch.models import names
 from relaunch.models.errors import SchedulerError, SchedulerTimeoutError
@@ -100,8 +101,7 @@ class NodeMaintenance:
             if "not found" in (result.stderr + result.stdout):
                 return None
             raise failure(result)
-        m = re.search(r"\bNodes=(\S*)", result.stdout)
-        return [m.group(1)] if m else []
+        return parse.reservation_nodes(result.stdout)
 
     async def reserve_node(self, name: str, node: str, *, users: str = "root") -> ActionResult:
         """A maintenance reservation of ``node`` from now on, for ``users`` only: no other job

@@ -39,7 +39,8 @@ def _number(value: Any) -> int | None:
         if value.get("infinite") or value.get("set") is False:
             return None
         return _number(value.get("number"))
-    if isinstance(value, str) and value.isdigit():
+    # ASCII digits only ("²".isdigit() holds), and no more than a 64-bit number has.
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
         return int(value)
     return None
 
@@ -80,6 +81,10 @@ def _exit_code(value: Any) -> ExitCode:
 
 
 _PATTERN = re.compile(r"%(\d*)([%AaJjNnstuxb])")
+# slurmstepd pads a number to at most 10 digits, whatever width the user's pattern asks for
+# (``--output=%99999999999j`` writes ``0000000003``: measured on Slurm 22.05).
+_MAX_WIDTH = 10
+_PATH_MAX = 4096  # Linux's PATH_MAX: no longer path can be opened
 
 
 def expand_output_pattern(pattern: str, job: Job, *, array_job_id: str = "", task: str = "") -> str:
@@ -104,14 +109,27 @@ def expand_output_pattern(pattern: str, job: Job, *, array_job_id: str = "", tas
             "b": str(int(task) % 10) if task.isdigit() else "0",
         }
         value = values[code]
-        return value.zfill(int(width)) if width and value.isdigit() else value
+        if width and value.isdigit():
+            return value.zfill(_MAX_WIDTH if len(width) > 2 else min(int(width), _MAX_WIDTH))
+        return value
 
-    if not pattern:
+    if not pattern or len(pattern) > _PATH_MAX:
         return ""
-    path = _PATTERN.sub(sub, pattern)
+    # Each %x may add the whole job name: stop as soon as the path is past what can be opened
+    # (no path then: the job's output is not read) instead of building megabytes.
+    parts, size, at = [], 0, 0
+    for m in _PATTERN.finditer(pattern):
+        for piece in (pattern[at : m.start()], sub(m)):
+            parts.append(piece)
+            size += len(piece)
+        at = m.end()
+        if size > _PATH_MAX:
+            return ""
+    parts.append(pattern[at:])
+    path = "".join(parts)
     if job.work_dir and not os.path.isabs(path):
         path = os.path.join(job.work_dir, path)
-    return path
+    return path if len(path) <= _PATH_MAX else ""
 
 
 def job_from_json(raw: dict[str, Any]) -> Job:
@@ -194,9 +212,12 @@ class JobListing:
 
 
 # ``squeue --Format`` fields for a brief listing (what the watcher needs; no excluded nodes),
-# each printed unpadded and followed by a separator no job name or comment is expected to hold.
-# A line that does not split into exactly these fields makes the whole listing unusable, and the
-# caller falls back to the JSON listing. Times come as epoch seconds (SLURM_TIME_FORMAT=%s).
+# each printed unpadded and followed by a separator. Times come as epoch seconds
+# (SLURM_TIME_FORMAT=%s). Slurm 22.05 prints a job's name, comment, paths and command raw: a
+# user's newline or separator there reaches the listing as is (tests/adversarial/
+# test_listing_forgery.py), and a comment can be made to look like whole rows of other jobs.
+# So each row is bracketed by its job id, which only Slurm writes: the row opens with JobID and
+# closes with JobID again (BRIEF_CLOSE). See BriefListing for why no user text can then pass.
 BRIEF_SEPARATOR = "\x1f"
 BRIEF_FIELDS = (
     "JobID",
@@ -227,7 +248,11 @@ BRIEF_FIELDS = (
     "UserID",
     "GroupID",
 )
-BRIEF_FORMAT = ",".join(f"{name}:0{BRIEF_SEPARATOR}" for name in BRIEF_FIELDS)
+BRIEF_CLOSE = "JobID"
+BRIEF_FORMAT = ",".join(f"{name}:0{BRIEF_SEPARATOR}" for name in (*BRIEF_FIELDS, BRIEF_CLOSE))
+# What a row splits into: the fields, the closing job id, and the empty text after the last
+# separator.
+_BRIEF_WIDTH = len(BRIEF_FIELDS) + 2
 
 
 def _minutes(limit: str) -> int | None:
@@ -259,19 +284,42 @@ class BriefListing:
     """One brief ``squeue`` answer, checked whole and indexed by job id; each job parsed only
     when first asked for.
 
-    Every line must split into exactly the expected fields, or the listing is not ``valid`` and
-    nothing in it is used: a newline in a user's comment breaks that job's line in two, and a
-    line crafted inside a comment must never pass for another job's state."""
+    The listing is ``valid`` only when every line is one whole row: exactly the expected
+    fields, a job id (digits) opening it and the same id closing it, and no id twice. Nothing in
+    an invalid listing is used (callers read ``squeue --json``, which quotes a user's text).
+
+    Why no user text can pass: Slurm writes the id at both ends of each row and never a newline
+    or separator inside an id. A user's newline inside a row splits it into several lines, the
+    first opening with the job's id and the last closing with it; for that last line to be
+    whole it must open with the same id too, so the id appears twice and the listing is
+    refused. Without a newline, any separator of the user's gives the line too many fields. So
+    a valid listing holds only Slurm's rows, each field exactly what Slurm wrote for it: no
+    row made up inside a comment, and no job's identity, paths or times shifted."""
 
     def __init__(self, text: str) -> None:
         self.valid = True
+        self.why = ""
         self._rows: dict[str, list[str]] = {}
         self._order: list[str] = []
         self._parsed: dict[str, Job] = {}
-        for line in text.splitlines():
+        # Only squeue's own line end splits rows: str.splitlines() would also split on
+        # characters a user may put in a comment (\x1c-\x1e, \x85, \u2028, ...).
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        for number, line in enumerate(lines, 1):
             values = line.split(BRIEF_SEPARATOR)
-            if len(values) != len(BRIEF_FIELDS) + 1 or values[-1] != "" or values[0] in self._rows:
-                self.valid = False
+            why = ""
+            if len(values) != _BRIEF_WIDTH or values[-1] != "":
+                why = f"{len(values) - 1} fields, not {_BRIEF_WIDTH - 1}"
+            elif values[-2] != values[0] or not (values[0].isdigit() and values[0].isascii()):
+                why = "not opened and closed by the same job id"
+            elif values[0] in self._rows:
+                why = f"job {values[0]} twice"
+            if why:
+                self.valid, self.why = False, f"line {number}: {why}"
+                self._rows.clear()
+                self._order.clear()
                 return
             self._rows[values[0]] = values
             self._order.append(values[0])
@@ -396,6 +444,13 @@ def nodes_from_data(data: dict[str, Any]) -> list[Node]:
         if node.name and node.name not in seen:
             seen[node.name] = node
     return list(seen.values())
+
+
+def reservation_nodes(text: str) -> list[str]:
+    """The ``Nodes=`` of ``scontrol show reservation <name>`` (a hostlist, as Slurm writes it),
+    or nothing without one. Only an operator names a reservation or its nodes."""
+    m = re.search(r"(?:^|\s)Nodes=(\S*)", text)
+    return [m.group(1)] if m else []
 
 
 def sbatch_job_id(text: str) -> str:
