@@ -98,6 +98,7 @@ class MemoryAudit:
         kinds: Sequence[str] = OUTSIDE_KINDS,
         nodes: Sequence[str] | None = None,
         limit: int = 500,
+        trusted: bool | None = None,
     ) -> list[StoredEvent]:
         rows = [
             r
@@ -106,6 +107,7 @@ class MemoryAudit:
             and r.kind in kinds
             and r.at >= since
             and (nodes is None or set(r.nodes) & set(nodes))
+            and (trusted is None or (r.data.get("trusted") is True) == trusted)
         ]
         return rows[-limit:]
 
