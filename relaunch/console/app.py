@@ -20,7 +20,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaunch.console import (
     intake,
-    intake_health,
     metrics,
     routes_audit,
     routes_auth,
@@ -218,7 +217,6 @@ def create_app(
         Route("/logout", routes_auth.logout, methods=["POST"]),
         Route("/healthz", lambda _: PlainTextResponse("ok")),
         *intake.routes(),
-        *intake_health.routes(),
         *metrics.routes(),
         Mount("/api/v1", app=create_api(state)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from relaunch.connectors.joboutput import operator_file_problem
+from relaunch.connectors.operator_files import operator_file_problem
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.names import cluster_name
 

@@ -34,33 +34,14 @@ from relaunch.models.config import ConsoleSettings
 from relaunch.models.scheduler import JobState
 from tests.adversarial.hostile import Tier
 from tests.integration.serve import serve
+from tests.integration.test_health_intake import nvsentinel_xid79
 
 CANARY = "n1"
 PAIR = ["n3", "n4"]  # the job's nodes: the event names n3, the job's noise n4
 SECRET = "intake-abuse-adversarial-secret-0123456789"
 
 
-def xid79(node: str, **changes: Any) -> dict[str, Any]:
-    """What NVSentinel's syslog-health-monitor sends for an Xid 79 (protojson)."""
-    return {
-        "version": 1,
-        "agent": "syslog-health-monitor",
-        "componentClass": "GPU",
-        "checkName": "SysLogsXIDError",
-        "isFatal": True,
-        "isHealthy": False,
-        "message": "XID 79; Resolution: RESTART_BM",
-        "recommendedAction": "RESTART_BM",
-        "errorCode": ["79"],
-        "entitiesImpacted": [{"entityType": "PCI", "entityValue": "0000:17:00"}],
-        "metadata": {
-            "JOURNAL_MESSAGE": "NVRM: Xid (PCI:0000:17:00): 79, pid=1, GPU has fallen off the bus."
-        },
-        "generatedTimestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-        "nodeName": node,
-        "processingStrategy": "EXECUTE_REMEDIATION",
-        **changes,
-    }
+xid79 = nvsentinel_xid79  # the same event as the health-intake tier sends
 
 
 @contextmanager

@@ -38,8 +38,9 @@ SECRET = "health-intake-test-secret-0123456789"
 NHC = "NHC: check_hw_ib: No IB port is ACTIVE"
 
 
-def nvsentinel_xid79(node: str) -> dict[str, Any]:
-    """What NVSentinel's syslog-health-monitor sends for an Xid 79 (protojson)."""
+def nvsentinel_xid79(node: str, **changes: Any) -> dict[str, Any]:
+    """What NVSentinel's syslog-health-monitor sends for an Xid 79 (protojson), with
+    ``changes`` laid over it."""
     return {
         "version": 1,
         "agent": "syslog-health-monitor",
@@ -57,6 +58,7 @@ def nvsentinel_xid79(node: str) -> dict[str, Any]:
         "generatedTimestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         "nodeName": node,
         "processingStrategy": "EXECUTE_REMEDIATION",
+        **changes,
     }
 
 

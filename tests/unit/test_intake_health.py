@@ -26,7 +26,7 @@ from relaunch.connectors.bundles import read_bundle, write_bundle
 from relaunch.console.app import create_app
 from relaunch.console.auth import ConsoleRole, TokenStore, write_tokens
 from relaunch.console.intake import IntakeRefused
-from relaunch.console.intake_health import parse_health
+from relaunch.console.intake.health import parse_health
 from relaunch.console.web import Services
 from relaunch.detection.attribution import attribute_bundle, suspects
 from relaunch.detection.planning import PlanHistory, make_plan

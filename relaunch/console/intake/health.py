@@ -31,21 +31,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relaunch.console.auth import User
-from relaunch.console.intake import (
+from relaunch.console.intake.common import (
     IntakeRefused,
     Target,
-    _candidates,
-    _deliver,
-    _delivered,
-    _detection,
-    _jobs,
-    _record,
-    _refusal,
-    _trim,
-    _unavailable,
     addressed,
+    already_delivered,
+    candidates,
+    cluster_jobs,
+    deliver_all,
     limit,
+    make_detection,
+    record_row,
+    refusal_response,
     refused,
+    trim,
+    unavailable,
     undated_key,
 )
 from relaunch.console.web import Cluster, Console
@@ -117,7 +117,7 @@ def describe(report: HealthReport) -> str:
         f"from {report.sender}" + ("" if report.trusted else " (untrusted)"),
     ]
     head = " ".join(p for p in parts if p)
-    return _trim(f"{head}: {report.message}" if report.message else head)
+    return trim(f"{head}: {report.message}" if report.message else head)
 
 
 def _detection_kind(report: HealthReport) -> str:
@@ -149,7 +149,7 @@ async def _one(
     entry: dict[str, object] = {
         "node": report.node,
         "trusted": report.trusted,
-        "recorded": await _record(
+        "recorded": await record_row(
             c, cl, summary, key, _row(report, event, user), row_nodes(report.node), kind=HEALTH_KIND
         ),
     }
@@ -159,7 +159,7 @@ async def _one(
     if event.store_only:
         entry["note"] = "processingStrategy STORE_ONLY: recorded, no action"
         return entry
-    if await _delivered(c, cl, key):
+    if await already_delivered(c, cl, key):
         entry["note"] = "already delivered"
         return entry
     source = (
@@ -168,14 +168,14 @@ async def _one(
     codes = xid_codes(report)
     targets = [
         Target(
-            detection=_detection(
+            detection=make_detection(
                 cl, job, nodes, source, _detection_kind(report), summary, report.time
             ).model_copy(update={"signature": f"xid_{codes[0]}" if codes else HEALTH_KIND}),
             source_key=key,
         )
-        for job, nodes in _candidates(cl, await jobs(), report.node, None)
+        for job, nodes in candidates(cl, await jobs(), report.node, None)
     ]
-    entry["detections"] = await _deliver(c, cl, key, targets, summary)
+    entry["detections"] = await deliver_all(c, cl, key, targets, summary)
     if not targets:
         entry["note"] = f"no watched job runs on {report.node}: recorded, no action"
     return entry
@@ -187,12 +187,12 @@ async def health(request: Request) -> Response:
         events = parse_health(raw)
         limit(request, c, user, len(events))
     except IntakeRefused as exc:
-        return _refusal(exc)
+        return refusal_response(exc)
     listed: list[Job] | None = None
 
     async def jobs() -> list[Job]:  # one listing for all the events of a request
         nonlocal listed
-        listed = listed if listed is not None else await _jobs(cl)
+        listed = listed if listed is not None else await cluster_jobs(cl)
         return listed
 
     report: list[dict[str, object]] = []
@@ -201,10 +201,10 @@ async def health(request: Request) -> Response:
             report.append(await _one(c, cl, user, event, jobs))
     except RelaunchError as exc:
         log.warning("health event not delivered: %s", exc.message)
-        return _unavailable(f"not delivered, retry later: {exc.message}")
+        return unavailable(f"not delivered, retry later: {exc.message}")
     except Exception as exc:  # Temporal unreachable, RPC errors: the sender retries on 5xx
         log.warning("health event not delivered: %s", type(exc).__name__)
-        return _unavailable(f"not delivered, retry later: {type(exc).__name__}")
+        return unavailable(f"not delivered, retry later: {type(exc).__name__}")
     return JSONResponse({"accepted": len(events), "trusted": user.trusted_health, "events": report})
 
 
