@@ -92,32 +92,28 @@ async def test_nvsentinel_event_convicts_its_node_only_from_a_trusted_sender(
     job_id, nodes, _ = await start_training(h)
     pointed = nodes[0]
     with serve(app) as url:
-        # From a sender not trusted with health events, while the job runs and advances: the
-        # event names its node, convicts nothing, and restarts nothing (issue 29 row 5).
+        # From a sender not trusted with health events, while the job runs: the event is
+        # recorded and points at the job, and starts no recovery (issue 29 row 5: any intake
+        # token could otherwise requeue any watched job).
         untrusted = await post(url, tokens["hc"], nvsentinel_xid79(pointed))
         assert untrusted.status_code == 200, untrusted.text
         assert untrusted.json()["trusted"] is False
+        [event] = untrusted.json()["events"]
+        assert event["pointed"] == [job_id] and event["detections"] == []
         first = h.incident(job_id, 0)
-        status = await h.wait_stage(first, {Stage.NO_ACTION}, timeout=120)
-        assert status.verdict is not None and status.verdict.culprit_nodes == [pointed]
-        assert status.verdict.corroboration == {pointed: []} and status.verdict.still_running
-        assert status.plan is not None and status.plan.action.value == "none"
-        assert status.plan.drain_nodes == [] and status.plan.exclude_nodes == []
-        [det] = await h.events(first, "detection")
-        assert det.data["source"] == "health_event_untrusted" and det.nodes == [pointed]
+        assert await h.events(first, "detection") == []
         assert not (await h.sched.get_node(pointed)).drain_flag
-        assert all(r.data.get("step") != "drain" for r in await h.events(first, "action"))
         assert (await h.sched.get_job(job_id)).restart_count == 0
 
         # From a sender trusted with them, for the same node of the same attempt: the
-        # attempt's next recovery convicts the node on the event, cited as evidence, and the
-        # node's decision drains it.
+        # attempt's recovery convicts the node on the event, cited as evidence, and the node's
+        # decision drains it.
         convicted = pointed
         trusted = await post(url, tokens["nvs"], nvsentinel_xid79(convicted))
         assert trusted.status_code == 200, trusted.text
         assert trusted.json()["trusted"] is True
         assert trusted.json()["events"][0]["detections"][0]["job_id"] == job_id
-        second = f"{first}-r2"
+        second = first
         status = await h.wait_stage(second, {Stage.VERIFYING, Stage.DONE}, timeout=120)
         verdict = status.verdict
         assert verdict is not None and verdict.culprit_nodes == [convicted]

@@ -257,13 +257,13 @@ def test_a_token_past_its_rate_is_refused_with_429_and_nothing_recorded(tight: E
 
 def test_a_repeated_event_is_stored_once_with_or_without_a_time(env: Env) -> None:
     undated = generic("n2", "GPU 0 fell off the bus")
-    for _ in range(3):
-        r = env.post("hc", "/intake/health", undated)
+    for _ in range(3):  # from the trusted sender: delivered (once) to the running job's recovery
+        r = env.post("nvs", "/intake/health", undated)
         assert r.status_code == 200, r.text
     health = [r for r in env.rows() if r.kind == "health_event"]
     assert len(health) == 1 and len(env.temporal.sent) == 1
     # Another message is another event.
-    env.post("hc", "/intake/health", generic("n2", "GPU 1 fell off the bus"))
+    env.post("nvs", "/intake/health", generic("n2", "GPU 1 fell off the bus"))
     assert len([r for r in env.rows() if r.kind == "health_event"]) == 2
     # A Slurm hook's event without a time, sent twice: recorded and delivered once (n1 is
     # down in Slurm's own view: what an intake says of Slurm is delivered only then).

@@ -287,18 +287,23 @@ def test_a_trusted_sender_s_fatal_event_starts_a_recovery_as_trusted_evidence(en
 
 
 def test_an_untrusted_sender_s_event_points_and_never_convicts(env: Env) -> None:
+    # Job 41 still runs on n2: an untrusted sender's event is recorded and points at it, and
+    # restarts nothing (any intake token could otherwise requeue any watched job).
     r = env.post("hc", xid79())
     assert r.status_code == 200 and r.json()["trusted"] is False
-    [det] = env.temporal.sent
-    assert det.source is DetectionSource.UNTRUSTED_HEALTH_EVENT and det.nodes == ["n2"]
+    [event] = r.json()["events"]
+    assert event["pointed"] == ["41"] and "restarts no running job" in event["note"]
+    assert env.temporal.sent == []
     # The same event from the trusted sender afterwards is its own row and detection: an
     # untrusted sender cannot pre-empt a trusted one's report.
     env.post("nvs", xid79())
-    assert [d.source for d in env.temporal.sent] == [
-        DetectionSource.UNTRUSTED_HEALTH_EVENT,
-        DetectionSource.HEALTH_EVENT,
-    ]
-    assert [r.data["trusted"] for r in env.rows()] == [False, True]
+    assert [d.source for d in env.temporal.sent] == [DetectionSource.HEALTH_EVENT]
+    # Once the job has ended abnormally, an untrusted event joins its recovery as a pointer.
+    env.sched.set_job("41", state=JobState.FAILED)
+    env.post("hc", xid79(message="XID 79 again"))
+    [_, det] = env.temporal.sent
+    assert det.source is DetectionSource.UNTRUSTED_HEALTH_EVENT and det.nodes == ["n2"]
+    assert [r.data["trusted"] for r in env.rows()] == [False, True, False]
 
 
 def test_healthy_non_fatal_store_only_and_unwatched_events_are_recorded_only(env: Env) -> None:

@@ -166,6 +166,7 @@ async def _one(
         DetectionSource.HEALTH_EVENT if report.trusted else DetectionSource.UNTRUSTED_HEALTH_EVENT
     )
     codes = xid_codes(report)
+    found = candidates(cl, await jobs(), report.node, None)
     targets = [
         Target(
             detection=make_detection(
@@ -173,10 +174,22 @@ async def _one(
             ).model_copy(update={"signature": f"xid_{codes[0]}" if codes else HEALTH_KIND}),
             source_key=key,
         )
-        for job, nodes in candidates(cl, await jobs(), report.node, None)
+        for job, nodes in found
+        # An untrusted sender's event points, like an alert: it joins the recovery of a job
+        # that ended abnormally, and never by itself restarts one that still runs.
+        if report.trusted or job.state.is_abnormal_end
+    ]
+    pointed = [
+        job.job_id for job, _ in found if not report.trusted and not job.state.is_abnormal_end
     ]
     entry["detections"] = await deliver_all(c, cl, key, targets, summary)
-    if not targets:
+    if pointed:
+        entry["pointed"] = pointed
+        entry["note"] = (
+            f"points at job {', '.join(pointed)}, still running: recorded, no action (an "
+            "untrusted sender's event alone restarts no running job)"
+        )
+    elif not targets:
         entry["note"] = f"no watched job runs on {report.node}: recorded, no action"
     return entry
 
