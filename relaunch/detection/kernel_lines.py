@@ -130,3 +130,82 @@ def reports_user_process(message: str) -> bool:
     reports a user process: a segfault, trap, general protection fault, fatal signal, an OOM
     kill or its dump, a hung task, or any user frame ``[<start>+<size>]``."""
     return bool(_USER_START.match(message) or _USER_FRAME.search(message))
+
+
+class KernelLines:
+    """One read of a kernel log (its bytes), each line parsed only when asked for, so that a
+    scan matches just the lines its prefilter names and still knows what each carries from the
+    lines before it (:class:`KernelRecord`): read back over the run of lines with the same
+    stamp, or, past :attr:`WALK` lines, by reading forward from the start (exact either way).
+    Lines are cut at ``limit`` bytes, as the scan cuts them."""
+
+    WALK = 256
+
+    def __init__(self, data: bytes, limit: int) -> None:
+        self._data = data
+        self._limit = limit
+        self._parsed: dict[int, tuple[str | None, bool] | None] = {}
+        self._forward: tuple[int, KernelRecord] | None = None
+
+    def _at(self, start: int, end: int) -> tuple[str | None, bool] | None:
+        """The stamp of the line at ``start:end`` and whether it reports a user process; None
+        when it is no kernel message."""
+        if start not in self._parsed:
+            raw = self._data[start : min(end, start + self._limit)]
+            msg = kernel_message(raw.decode("utf-8", errors="replace").removesuffix("\r"))
+            self._parsed[start] = (
+                None if msg is None else (msg.stamp, reports_user_process(without_comm(msg.text)))
+            )
+        return self._parsed[start]
+
+    def end(self) -> int:
+        """Where a line after the last one would start."""
+        data = self._data
+        return len(data) if not data or data.endswith(b"\n") else len(data) + 1
+
+    def record_before(self, start: int, carried: KernelRecord) -> KernelRecord:
+        """The record a line-by-line reading holds just before the line that starts at byte
+        ``start`` (``carried``: what the previous read of the log left)."""
+        stamp: str | None = None
+        seen = False
+        end = start - 1  # the newline that ends the line before
+        steps = 0
+        while end >= 0:
+            if steps >= self.WALK:
+                return self._forward_to(start, carried)
+            steps += 1
+            line_start = self._data.rfind(b"\n", 0, end) + 1
+            at = self._at(line_start, end)
+            end = line_start - 1
+            if at is None:
+                continue  # no kernel message: a reading line by line passes it by
+            line_stamp, user = at
+            if not seen:
+                seen, stamp = True, line_stamp
+            elif line_stamp != stamp:
+                return KernelRecord(stamp, False)
+            if user:
+                return KernelRecord(stamp, True)
+            if stamp is None:
+                return KernelRecord(None, False)
+        if not seen:
+            return KernelRecord(carried.stamp, carried.user)
+        return KernelRecord(stamp, stamp is not None and carried.stamp == stamp and carried.user)
+
+    def _forward_to(self, start: int, carried: KernelRecord) -> KernelRecord:
+        pos, state = self._forward or (0, KernelRecord(carried.stamp, carried.user))
+        if start < pos:
+            pos, state = 0, KernelRecord(carried.stamp, carried.user)
+        data = self._data
+        while pos < start and pos <= len(data):
+            end = data.find(b"\n", pos)
+            end = len(data) if end == -1 else end
+            at = self._at(pos, end)
+            pos = end + 1
+            if at is None:
+                continue
+            line_stamp, user = at
+            chained = line_stamp is not None and line_stamp == state.stamp and state.user
+            state = KernelRecord(line_stamp, user or chained)
+        self._forward = (pos, state)
+        return KernelRecord(state.stamp, state.user)

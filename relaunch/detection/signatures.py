@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -29,6 +29,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relaunch.detection.kernel_lines import (
+    KernelLines,
     KernelRecord,
     kernel_message,
     reports_user_process,
@@ -36,7 +37,7 @@ from relaunch.detection.kernel_lines import (
 )
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.literals import MIN_KEYWORD, required_literals
-from relaunch.detection.scanner import make_prefilter
+from relaunch.detection.scanner import Prefilter, make_prefilter
 from relaunch.detection.xids import Implicates, Outcome, Remedy, judge, reads_the_line
 from relaunch.models.recovery import Category
 
@@ -229,6 +230,10 @@ class Catalogue:
         self._by_id = {s.id: s for s in signatures}
         self._xid_entry = next((s for s in signatures if s.decoder == "xid"), None)
         self._prefilter = make_prefilter([s.pattern for s in signatures], engine)
+        kernel_patterns = [k.regex.pattern for k in self._kernel]
+        self._kernel_prefilter = (
+            make_prefilter(kernel_patterns, engine) if kernel_patterns else None
+        )
 
     @classmethod
     def load(cls, path: Path | None = None, *, engine: str | None = None) -> Catalogue:
@@ -344,11 +349,12 @@ class Catalogue:
         :data:`MAX_LINE` are matched on their start and counted in ``stats``. ``kernel``: a
         trusted kernel source, read line by line (``record``: carried from the last scan)."""
         if kernel:
-            lines = data.decode("utf-8", errors="replace").split("\n")
-            if lines and not lines[-1]:
-                lines.pop()
-            numbered = enumerate((line.removesuffix("\r") for line in lines), first_line_no)
-            return self._scan_kernel(numbered, source, source_node, stats, record)
+
+            def line_at(index: int, start: int, end: int) -> tuple[int, str]:
+                text = data[start:end].decode("utf-8", errors="replace").removesuffix("\r")
+                return first_line_no + index, text
+
+            return self._scan_kernel(data, line_at, source, source_node, stats, record)
         out: list[SignatureMatch] = []
         for index, line in self._candidates(data, stats):
             found = self.match_line(
@@ -371,10 +377,12 @@ class Catalogue:
         """Match numbered lines, each without its newline (as :class:`LineBuffer` yields them);
         lines longer than :data:`MAX_LINE` are matched on their start and counted in ``stats``.
         ``kernel``: a trusted kernel source (``record``: carried from the last scan)."""
-        if kernel:
-            return self._scan_kernel(lines, source, source_node, stats, record)
         numbered = list(lines)
         data = "\n".join(line for _, line in numbered).encode("utf-8", "surrogatepass")
+        if kernel:
+            return self._scan_kernel(
+                data, lambda i, _s, _e: numbered[i], source, source_node, stats, record
+            )
         out: list[SignatureMatch] = []
         for index, _ in self._candidates(data, stats):
             no, line = numbered[index]
@@ -408,36 +416,45 @@ class Catalogue:
 
     def _scan_kernel(
         self,
-        lines: Iterable[tuple[int, str]],
+        data: bytes,
+        line_at: Callable[[int, int, int], tuple[int, str]],
         source: str,
         source_node: str | None,
         stats: ScanStats | None,
         record: KernelRecord | None,
     ) -> list[SignatureMatch]:
-        """A trusted kernel source, every line in order (each kernel pattern is tried at the
-        message start only, so a line costs a few failed first characters; the order carries
-        what a line says about the pieces after it)."""
-        record = record if record is not None else KernelRecord()
+        """A trusted kernel source (``data``; ``line_at``: a line's number and text from its
+        index and byte span): only the lines the kernel patterns' prefilter names are matched
+        (each pattern at the message start), so a clean log costs one pass; what a line
+        carries from the lines before it (a piece of a record split at a newline) is read back
+        from them (:class:`KernelLines`), and ``record`` carries it to the next read."""
+        carried = record if record is not None else KernelRecord()
+        if not data or self._kernel_prefilter is None:
+            return []
+        parsed = KernelLines(data, MAX_LINE)
         out: list[SignatureMatch] = []
-        for no, line in lines:
+        for index, start, end in self._spans(data, self._kernel_prefilter):
+            no, line = line_at(index, start, end)
             if len(line) > MAX_LINE and stats is not None:
                 stats.cut_lines += 1
             found = self.match_line(
                 line, line_no=no, source=source, source_node=source_node, kernel=True,
-                record=record,
+                record=parsed.record_before(start, carried),
             )  # fmt: skip
             if found is not None:
                 out.append(found)
+        after = parsed.record_before(parsed.end(), carried)
+        carried.stamp, carried.user = after.stamp, after.user
         return out
 
-    def _candidates(self, data: bytes, stats: ScanStats | None) -> Iterator[tuple[int, str]]:
-        """(0-based line index, decoded line without its line end, cut at MAX_LINE bytes) for
-        each line the prefilter names, in order. Line numbers come from counting newlines
-        between candidates only."""
+    def _spans(self, data: bytes, prefilter: Prefilter) -> Iterator[tuple[int, int, int]]:
+        """(0-based line index, start, end) of each line ``prefilter`` names, in order, ``end``
+        at its newline (or the end). Line numbers come from counting newlines between
+        candidates only."""
         index = 0
         counted_to = 0
         line_end = -1  # the newline (or end) of the last line yielded
-        for pos in sorted(self._prefilter.offsets(data)):
+        for pos in sorted(prefilter.offsets(data)):
             if pos <= line_end:
                 continue  # another hit on the same line
             # Searching back only to the last line's end keeps this linear however many hits
@@ -447,12 +464,17 @@ class Catalogue:
             line_end = end = len(data) if end == -1 else end
             index += data.count(b"\n", counted_to, start)
             counted_to = start
+            yield index, start, end
+
+    def _candidates(self, data: bytes, stats: ScanStats | None) -> Iterator[tuple[int, str]]:
+        """(0-based line index, decoded line without its line end, cut at MAX_LINE bytes) for
+        each line the prefilter names, in order."""
+        for index, start, end in self._spans(data, self._prefilter):
             if end - start > MAX_LINE:
                 end = start + MAX_LINE
                 if stats is not None:
                     stats.cut_lines += 1
-            line = data[start:end].decode("utf-8", errors="replace").removesuffix("\r")
-            yield index, line
+            yield index, data[start:end].decode("utf-8", errors="replace").removesuffix("\r")
 
 
 @functools.cache
