@@ -46,6 +46,13 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def _number(value: Any) -> str:
+    """``1`` rather than ``1.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _message(error: Any) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
@@ -54,13 +61,13 @@ def _message(error: Any) -> str:
     if kind == "missing":
         return "required key missing"
     if kind == "less_than_equal":
-        return f"must be at most {ctx['le']}"
+        return f"must be at most {_number(ctx['le'])}"
     if kind == "less_than":
-        return f"must be less than {ctx['lt']}"
+        return f"must be less than {_number(ctx['lt'])}"
     if kind == "greater_than_equal":
-        return f"must be at least {ctx['ge']}"
+        return f"must be at least {_number(ctx['ge'])}"
     if kind == "greater_than":
-        return f"must be greater than {ctx['gt']}"
+        return f"must be greater than {_number(ctx['gt'])}"
     return str(error["msg"]).removeprefix("Value error, ")
 
 
