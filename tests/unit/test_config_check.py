@@ -201,3 +201,16 @@ def test_a_process_refuses_to_start_on_a_misspelt_key(tmp_path: Path, command: s
     assert "policy.drain_share: must be at most 1" in lines
     assert lines[-1].startswith(f"error: {path}: invalid configuration (2 problems)")
     assert "Traceback" not in done.stderr
+
+
+def test_the_charts_probe_names_every_problem(tmp_path: Path) -> None:
+    from tests.unit.test_deploy import load_entrypoint
+
+    path = tmp_path / "cluster.json"
+    data = with_key(["watch"], "partitons", ["gpu"])
+    data["policy"]["mdoe"] = "autonomous"
+    path.write_text(json.dumps(data))
+    assert sorted(load_entrypoint().check(path, {})) == [
+        f"{path}: policy.mdoe: unknown key",
+        f"{path}: watch.partitons: unknown key",
+    ]
