@@ -3,7 +3,7 @@
 Every process (worker, watcher, console, the CLI's commands) reads its configuration through
 :func:`read_config`, and `relaunch config check` prints the same lines: a misspelt key, a value
 out of its bounds, a missing file or malformed JSON is named where it is, never a traceback.
-Values are never quoted: a secret pasted into the wrong key must not reach a log."""
+The input is left out of each line: a secret pasted under the wrong key must not reach a log."""
 
 from __future__ import annotations
 
