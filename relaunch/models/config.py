@@ -97,39 +97,11 @@ class WatchSettings(BaseModel):
 
 
 class ConfigPolicy(Policy):
-    """The ``policy`` section as a configuration file gives it: :class:`Policy` with every key
-    known and every number within bounds. (Policy itself travels in workflow inputs, and a
-    history recorded before a field was dropped must still decode: it ignores unknown keys.)"""
+    """The ``policy`` section as a configuration file gives it: :class:`Policy` (bounds
+    included) with every key known. (Policy itself travels in workflow inputs, and a history
+    recorded before a field was dropped must still decode: it ignores unknown keys.)"""
 
     model_config = STRICT  # a misspelt `mdoe:` is an error, not a silent monitor mode
-
-    restart_budget: int = Field(
-        default=3, ge=0, le=1000, description="restarts of one job per budget window; 0: none"
-    )
-    budget_window_hours: float = Field(default=24.0, gt=0, le=8760)
-    drain_share: float = Field(
-        default=0.10, gt=0, le=1, description="the share of a partition drained per window"
-    )
-    drain_cap: int = Field(
-        default=4, ge=0, le=100_000, description="nodes drained per window at most; 0: none"
-    )
-    drain_window_hours: float = Field(default=24.0, gt=0, le=8760)
-    approval_timeout_s: float = Field(default=1800.0, gt=0, le=30 * 86400)
-    repeat_offender_incidents: int = Field(
-        default=3,
-        ge=1,
-        le=1000,
-        description="incidents implicating a node that make it a repeat offender",
-    )
-    repeat_offender_window_hours: float = Field(default=168.0, gt=0, le=8760)
-    verify_timeout_s: float = Field(default=300.0, gt=0, le=86400)
-    suspect_users: int = Field(
-        default=2,
-        ge=2,
-        le=1000,
-        description="distinct users whose jobs must suspect a node before suspicion convicts it",
-    )
-    suspect_window_hours: float = Field(default=24.0, gt=0, le=8760)
 
     @model_validator(mode="before")
     @classmethod
@@ -258,7 +230,7 @@ class SshSettings(BaseModel):
 
 class ClusterConfig(BaseModel):
     """One cluster Relaunch serves. Written by `relaunch dev up` for the local stack.
-    `relaunch config check --config FILE` validates one (docs/configuration.md)."""
+    `relaunch config check --config FILE` validates one (deploy/README.md)."""
 
     model_config = STRICT
 
