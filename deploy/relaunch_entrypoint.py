@@ -111,13 +111,17 @@ def check(path: Path, environ: Mapping[str, str]) -> list[str]:
         return [f"{path}: {exc}"]
     problems = []
     try:
-        from relaunch.models.config import ClusterConfig
+        from pydantic import ValidationError
 
-        ClusterConfig.model_validate(raw)
+        from relaunch.models.config import ClusterConfig
+        from relaunch.models.config_check import problems_of
     except ImportError:
         problems.append("the relaunch package is not importable")
-    except ValueError as exc:  # pydantic's ValidationError
-        problems.append(f"{path}: {str(exc).splitlines()[0]}")
+    else:
+        try:
+            ClusterConfig.model_validate(raw)
+        except ValidationError as exc:  # each unknown key, bad value: `relaunch config check`'s
+            problems.extend(f"{path}: {line}" for line in problems_of(exc, path))
     for what, name in named_files(raw):
         if not os.access(name, os.R_OK):
             problems.append(f"{what}: {name} is missing or unreadable")

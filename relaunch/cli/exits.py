@@ -8,6 +8,7 @@ from typing import NoReturn
 import click
 
 from relaunch.cli.terminal import printable
+from relaunch.models.config_check import ConfigError
 from relaunch.models.errors import RelaunchError
 
 EX_TEMPFAIL = 75  # sysexits.h: try again later
@@ -19,5 +20,8 @@ def exit_code(exc: RelaunchError) -> int:
 
 def fail(exc: RelaunchError) -> NoReturn:
     # An error may quote a job's name or a user's path: never an escape to the terminal.
+    if isinstance(exc, ConfigError):  # every problem of a configuration, one line each
+        for line in exc.problems:
+            click.echo(printable(line), err=True)
     click.echo(printable(f"error: {exc}"), err=True)
     sys.exit(exit_code(exc))

@@ -15,12 +15,12 @@ from typing import Any
 from urllib.parse import quote
 
 import click
-from pydantic import ValidationError
 
 from relaunch.cli.exits import fail as _fail
 from relaunch.cli.terminal import printable
 from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
 from relaunch.models.config import ClusterConfig
+from relaunch.models.config_check import read_config
 from relaunch.models.errors import RelaunchError
 from relaunch.models.recovery import (
     Approval,
@@ -41,13 +41,7 @@ def load_config(config: Path | None, cluster: str, state_dir: Path) -> ClusterCo
             f"no configuration for cluster {cluster!r} at {path}",
             hint="pass --config FILE, or run `relaunch dev up` for the local cluster",
         )
-    try:
-        return ClusterConfig.model_validate_json(path.read_text())
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise RelaunchError(
-            f"{path}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
-        ) from exc
+    return read_config(path)  # every problem named, one `key.path: message` line each
 
 
 def config_options(fn: click.decorators.FC) -> click.decorators.FC:

@@ -369,6 +369,38 @@ def slurm_resubmit(sched: SlurmCli, job_id: str, exclude: str) -> None:
     _echo_action(_call(sched.resubmit_job(job_id, exclude=nodes)))
 
 
+# ---------------------------------------------------------------------- configuration
+
+
+@cli.group("config")
+def config_group() -> None:
+    """A cluster's configuration file."""
+
+
+@config_group.command("check")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The cluster configuration JSON to check.",
+)
+def config_check(config_path: Path) -> None:
+    """Check a cluster configuration without starting anything: every unknown key and every
+    value out of its bounds, one `key.path: message` line each; exits 1 on any problem.
+    Every process runs the same check when it starts."""
+    from relaunch.models.config_check import ConfigError, read_config, summary
+
+    try:
+        config = read_config(config_path)
+    except ConfigError as exc:
+        for line in exc.problems:
+            click.echo(printable(line), err=True)
+        click.echo(printable(f"error: {exc.message}"), err=True)
+        sys.exit(1)
+    click.echo(printable(summary(config_path, config)))
+
+
 from relaunch.cli import console as console_commands  # noqa: E402
 from relaunch.cli import incidents as incident_commands  # noqa: E402
 from relaunch.cli import rollout as rollout_commands  # noqa: E402

@@ -24,6 +24,7 @@ from pathlib import Path
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     TypeAdapter,
     ValidationError,
@@ -92,6 +93,8 @@ class TokenEntry(BaseModel):
     """One line of the tokens file: a name, a role, the SHA-256 of the token (hex), the
     clusters the token is limited to (absent: every cluster), and, for an intake token,
     whether its node-health events are trusted evidence (absent: they are not)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt `trusted_heath` is an error
 
     name: str
     role: ConsoleRole

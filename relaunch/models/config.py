@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relaunch.models import names
 from relaunch.models.endpoints import SlurmRestSettings, TemporalTlsSettings
@@ -43,7 +44,14 @@ LAG_FLOOR_WHY = (
 )
 
 
+# Every section of a cluster's configuration refuses a key it does not know: a misspelt
+# `watch.partitons` or `policy.mdoe` is an error naming it, never a silently dropped setting.
+STRICT = ConfigDict(extra="forbid")
+
+
 class WatchSettings(BaseModel):
+    model_config = STRICT
+
     partitions: list[str] = Field(default_factory=list, description="watch every job here")
     opt_in_comment: bool = True
     poll_interval_s: float = Field(default=1.0, gt=0, le=2.0)
@@ -88,6 +96,22 @@ class WatchSettings(BaseModel):
     )
 
 
+class ConfigPolicy(Policy):
+    """The ``policy`` section as a configuration file gives it: :class:`Policy` (bounds
+    included) with every key known. (Policy itself travels in workflow inputs, and a history
+    recorded before a field was dropped must still decode: it ignores unknown keys.)"""
+
+    model_config = STRICT  # a misspelt `mdoe:` is an error, not a silent monitor mode
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_policy(cls, data: Any) -> Any:
+        """A :class:`Policy` built in code (tests, the benchmarks) is checked like a file's."""
+        if isinstance(data, Policy) and not isinstance(data, ConfigPolicy):
+            return data.model_dump()
+        return data
+
+
 class JobOutputSettings(BaseModel):
     """Which job output files (a job's ``--output``/``--error``) Relaunch may read.
 
@@ -121,6 +145,8 @@ class JobOutputSettings(BaseModel):
 
 class ConsoleSettings(BaseModel):
     """The Recovery Console (`relaunch console`): where it listens and who may sign in."""
+
+    model_config = STRICT
 
     tokens_file: str | None = Field(
         default=None,
@@ -180,7 +206,10 @@ class SshSettings(BaseModel):
     connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
     command_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     keepalive_s: float = Field(
-        default=15.0, ge=0, description="keepalive interval on an idle connection; 0 turns it off"
+        default=15.0,
+        ge=0,
+        le=3600,
+        description="keepalive interval on an idle connection; 0 turns it off",
     )
     max_sessions: int = Field(
         default=8, ge=1, le=64, description="commands in flight at once (sshd's MaxSessions is 10)"
@@ -200,7 +229,10 @@ class SshSettings(BaseModel):
 
 
 class ClusterConfig(BaseModel):
-    """One cluster Relaunch serves. Written by `relaunch dev up` for the local stack."""
+    """One cluster Relaunch serves. Written by `relaunch dev up` for the local stack.
+    `relaunch config check --config FILE` validates one (deploy/README.md)."""
+
+    model_config = STRICT
 
     name: str
     slurm_conf: str | None = None
@@ -235,7 +267,7 @@ class ClusterConfig(BaseModel):
         default_factory=LogStoreSettings,
         description="job and kernel logs: files, Loki, VictoriaLogs",
     )
-    policy: Policy = Field(default_factory=Policy)
+    policy: ConfigPolicy = Field(default_factory=ConfigPolicy)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     notify: NotifySettings = Field(

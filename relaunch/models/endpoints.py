@@ -39,7 +39,10 @@ class SlurmRestSettings(BaseModel):
     )
     token_lifetime_s: int = Field(default=1800, ge=2, le=86400)
     renew_before_s: int = Field(
-        default=300, ge=0, description="mint a new token this long before the current expires"
+        default=300,
+        ge=0,
+        le=86400,
+        description="mint a new token this long before the current expires",
     )
     timeout_s: float = Field(default=10.0, gt=0, le=300)
     api_version: str = "v0.0.38"

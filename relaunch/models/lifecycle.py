@@ -243,12 +243,14 @@ class LifecycleSettings(BaseModel):
     escalate_after_return_hours: float = Field(
         default=168.0,
         gt=0,
+        le=8760,
         description="a node whose lifecycle returned it this recently and that fails again "
         "goes straight to repair (the lemon rule); also the window of the same-fault rule",
     )
     same_fault_escalates: int = Field(
         default=2,
         ge=2,
+        le=100,
         description="this many faults of one kind on the node in the window (e.g. Xid 79 "
         "twice in 7 days) go straight to repair",
     )
@@ -284,6 +286,7 @@ class LifecycleSettings(BaseModel):
     user_uid_min: int = Field(
         default=1000,
         ge=1,
+        le=2**31 - 1,
         description="processes of uids from this one up (nobody, 65534, aside) are a user's: "
         "a check that fails while one is on the node is inconclusive",
     )

@@ -62,25 +62,34 @@ class ChannelSettings(BaseModel):
 class NotifySettings(BaseModel):
     """Where recommendations, actions, failures and expiries are announced."""
 
+    model_config = ConfigDict(extra="forbid")
+
     channels: list[ChannelSettings] = Field(default_factory=list)
     poll_interval_s: float = Field(default=2.0, gt=0, le=60)
     lookback_s: float = Field(
-        default=3600.0, ge=0, description="on start, audit rows this recent are (re)considered"
+        default=3600.0,
+        ge=0,
+        le=30 * 86400,
+        description="on start, audit rows this recent are (re)considered",
     )
     max_attempts: int = Field(
         default=6, ge=1, le=20, description="attempts of a notification's first delivery"
     )
-    backoff_s: float = Field(default=1.0, gt=0, description="first retry delay; doubles")
-    backoff_max_s: float = Field(default=60.0, gt=0)
+    backoff_s: float = Field(default=1.0, gt=0, le=3600, description="first retry delay; doubles")
+    backoff_max_s: float = Field(default=60.0, gt=0, le=86400)
     retry_for_s: float = Field(
         default=86400.0,
         gt=0,
+        le=30 * 86400,
         description="an undelivered notification stays in the outbox and is tried again, one "
         "attempt per pass with the backoff going on, for this long; then it is given up "
         "(a notification_failed row)",
     )
     retry_interval_max_s: float = Field(
-        default=60.0, gt=0, description="the longest wait between two passes for one notification"
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="the longest wait between two passes for one notification",
     )
     timeout_s: float = Field(default=10.0, gt=0, le=120)
     console_url: str | None = Field(

@@ -211,23 +211,35 @@ class Verdict(BaseModel):
 
 
 class Policy(BaseModel):
-    """How a cluster is allowed to act. Overrides apply per partition, then per category."""
+    """How a cluster is allowed to act. Overrides apply per partition, then per category.
+    Every number has its bounds; unknown keys are ignored here, because a policy travels in
+    workflow inputs and a history recorded before a field was dropped must still decode (a
+    configuration file's ``policy`` section refuses them: ConfigPolicy)."""
 
     mode: Mode = Mode.MONITOR
     partition_modes: dict[str, Mode] = Field(default_factory=dict)
     category_modes: dict[Category, Mode] = Field(default_factory=dict)
     restart_method: RestartMethod = RestartMethod.REQUEUE
-    restart_budget: int = 3
-    budget_window_hours: float = 24.0
-    drain_share: float = 0.10
-    drain_cap: int = 4
-    drain_window_hours: float = 24.0
-    approval_timeout_s: float = 1800.0
-    repeat_offender_incidents: int = Field(
-        default=3, ge=1, description="incidents implicating a node that make it a repeat offender"
+    restart_budget: int = Field(
+        default=3, ge=0, le=1000, description="restarts of one job per budget window; 0: none"
     )
-    repeat_offender_window_hours: float = Field(default=168.0, gt=0)
-    verify_timeout_s: float = 300.0
+    budget_window_hours: float = Field(default=24.0, gt=0, le=8760)
+    drain_share: float = Field(
+        default=0.10, gt=0, le=1, description="the share of a partition drained per window"
+    )
+    drain_cap: int = Field(
+        default=4, ge=0, le=100_000, description="nodes drained per window at most; 0: none"
+    )
+    drain_window_hours: float = Field(default=24.0, gt=0, le=8760)
+    approval_timeout_s: float = Field(default=1800.0, gt=0, le=30 * 86400)
+    repeat_offender_incidents: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="incidents implicating a node that make it a repeat offender",
+    )
+    repeat_offender_window_hours: float = Field(default=168.0, gt=0, le=8760)
+    verify_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     node_decisions: bool = Field(
         default=True,
         description="one decision per failed node: recoveries that convict a node on trusted "
@@ -237,9 +249,10 @@ class Policy(BaseModel):
     suspect_users: int = Field(
         default=2,
         ge=2,
+        le=1000,
         description="distinct users whose jobs must suspect a node before suspicion convicts it",
     )
-    suspect_window_hours: float = Field(default=24.0, gt=0)
+    suspect_window_hours: float = Field(default=24.0, gt=0, le=8760)
     canary_partition: str | None = Field(
         default=None,
         description="the default mode applies on this partition only; every other partition "
