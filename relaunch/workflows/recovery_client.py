@@ -66,8 +66,8 @@ CLOCK_SLACK = timedelta(seconds=60)
 # out (it never reached a terminal stage); one that completed, or that a person terminated or
 # cancelled, is never started twice.
 RESTARTABLE = frozenset({WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TIMED_OUT})
-# A recovery that ended with no action (the job still ran and its ranks advanced with no trusted
-# fault, a cancel, a preemption) does not swallow a later fault of the same attempt: a detection
+# A recovery that ended with no action because the job still ran and its ranks advanced with no
+# trusted fault does not swallow a later fault of the same attempt: a detection
 # of what the job's user cannot write (or the watcher's own stall measure) opens a new recovery,
 # ``<id>-r2``, ``-r3``, ... at most this many for one attempt. The job's own output, or an
 # untrusted sender's event, again opens none: it would find nothing new.
@@ -120,11 +120,18 @@ def reopened_id(workflow_id: str, n: int) -> str:
     return f"{workflow_id}-r{n}"
 
 
-def _ended_without_action(desc: WorkflowExecutionDescription) -> bool:
-    """Whether the recovery ``desc`` describes completed at its no_action stage."""
+async def _left_it_running(client: Client, desc: WorkflowExecutionDescription) -> bool:
+    """Whether the recovery ``desc`` describes completed at its no_action stage because the
+    job still ran and advanced (its verdict's ``still_running``): only such an end may be
+    followed by another recovery of the attempt. One that ended at no_action for a cancel, a
+    preemption or a time limit is the attempt's last."""
     if desc.status is not WorkflowExecutionStatus.COMPLETED:
         return False
-    return desc.typed_search_attributes.get(SA_STAGE) == Stage.NO_ACTION.value
+    if desc.typed_search_attributes.get(SA_STAGE) != Stage.NO_ACTION.value:
+        return False
+    handle = client.get_workflow_handle(desc.id, run_id=desc.run_id, result_type=RecoveryStatus)
+    status = await handle.result()
+    return status.verdict is not None and status.verdict.still_running
 
 
 async def current_recovery(
@@ -136,7 +143,11 @@ async def current_recovery(
     if det.source not in REOPENING_SOURCES:
         return workflow_id, latest
     first, n = workflow_id, 1
-    while latest is not None and _ended_without_action(latest) and n < MAX_RECOVERIES_PER_ATTEMPT:
+    while (
+        latest is not None
+        and n < MAX_RECOVERIES_PER_ATTEMPT
+        and await _left_it_running(client, latest)
+    ):
         n += 1
         workflow_id = reopened_id(first, n)
         latest = await _describe(client, workflow_id)

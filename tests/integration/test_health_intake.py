@@ -99,7 +99,10 @@ async def test_nvsentinel_event_convicts_its_node_only_from_a_trusted_sender(
         assert untrusted.status_code == 200, untrusted.text
         assert untrusted.json()["trusted"] is False
         [event] = untrusted.json()["events"]
-        assert event["pointed"] == [job_id] and event["detections"] == []
+        # (A job of an earlier test that ended on that node may be pointed at as well: an
+        # untrusted event joins the recovery of a job that ended abnormally.)
+        assert event["pointed"] == [job_id]
+        assert all(d["job_id"] != job_id for d in event["detections"]), event
         first = h.incident(job_id, 0)
         assert await h.events(first, "detection") == []
         assert not (await h.sched.get_node(pointed)).drain_flag

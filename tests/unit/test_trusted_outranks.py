@@ -8,8 +8,9 @@ attempt (recovery_client.current_recovery). Real-stack: tests/adversarial/test_t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus
@@ -283,6 +284,9 @@ def test_several_users_naming_the_node_still_corroborate_while_the_job_runs() ->
 class Described:
     status: WorkflowExecutionStatus
     stage: str
+    still_running: bool = True  # its verdict's: why it ended at no_action
+    id: str = ""
+    run_id: str = "run"
 
     @property
     def typed_search_attributes(self) -> TypedSearchAttributes:
@@ -293,7 +297,7 @@ class Described:
 class Server:
     runs: dict[str, Described] = field(default_factory=dict)
 
-    def get_workflow_handle(self, workflow_id: str) -> Handle:
+    def get_workflow_handle(self, workflow_id: str, **_: object) -> Handle:
         return Handle(self, workflow_id)
 
 
@@ -305,7 +309,11 @@ class Handle:
     async def describe(self) -> Described:
         if self.workflow_id not in self.server.runs:
             raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
-        return self.server.runs[self.workflow_id]
+        return replace(self.server.runs[self.workflow_id], id=self.workflow_id)
+
+    async def result(self) -> SimpleNamespace:
+        ran = self.server.runs[self.workflow_id]
+        return SimpleNamespace(verdict=SimpleNamespace(still_running=ran.still_running))
 
 
 def det(source: DetectionSource) -> Detection:
@@ -329,6 +337,11 @@ async def test_a_fault_after_a_no_action_recovery_opens_the_attempts_next_recove
     assert (await current_recovery(client, det(DetectionSource.PROBE)))[0] == "relaunch-c-7-0-r2"  # type: ignore[arg-type]
     server.runs["relaunch-c-7-0-r2"] = Described(done, Stage.DONE.value)
     assert (await current_recovery(client, det(DetectionSource.PROBE)))[0] == "relaunch-c-7-0-r2"  # type: ignore[arg-type]
+    # A recovery that ended at no_action for a cancel (the job no longer runs) is the
+    # attempt's last: a later fault on its node opens no recovery of that job.
+    cancelled = Server({"relaunch-c-7-0": Described(done, Stage.NO_ACTION.value, False)})
+    wid, latest = await current_recovery(cancelled, det(DetectionSource.NODE_LOG))  # type: ignore[arg-type]
+    assert wid == "relaunch-c-7-0" and latest is not None
     # Bounded: at most MAX_RECOVERIES_PER_ATTEMPT recoveries of one attempt.
     cap = recovery_client.MAX_RECOVERIES_PER_ATTEMPT
     for n in range(2, cap + 1):
