@@ -115,7 +115,8 @@ async def test_nvsentinel_event_convicts_its_node_only_from_a_trusted_sender(
         trusted = await post(url, tokens["nvs"], nvsentinel_xid79(convicted))
         assert trusted.status_code == 200, trusted.text
         assert trusted.json()["trusted"] is True
-        assert trusted.json()["events"][0]["detections"][0]["job_id"] == job_id
+        # (Other watched jobs that ended on that node, an earlier test's, are told as well.)
+        assert job_id in [d["job_id"] for d in trusted.json()["events"][0]["detections"]]
         second = first
         status = await h.wait_stage(second, {Stage.VERIFYING, Stage.DONE}, timeout=120)
         verdict = status.verdict
