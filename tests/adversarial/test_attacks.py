@@ -100,10 +100,15 @@ async def test_printed_nccl_ib_and_ecc_lines_do_not_convict(arena: Tier) -> None
         "-N1",
         AWAY,
     )
-    ecc_nodes = await t.running(ecc, printed="ECC")
-    ib_nodes = await t.running(ib, printed="NCCL WARN")
-    for job_id, suspect in ((ecc, ecc_nodes[1]), (ib, ib_nodes[0])):
-        status = await t.settled(await t.incident(job_id))
+    await t.running(ecc, printed="ECC")
+    await t.running(ib, printed="NCCL WARN")
+    # Task 1's node and the host the NCCL line names, in the attempt that printed them: as the
+    # recovery read the job (Relaunch may have requeued it onto other nodes by now).
+    for job_id, task in ((ecc, 1), (ib, 0)):
+        incident = await t.incident(job_id)
+        status = await t.settled(incident)
+        [evidence] = await t.h.events(incident, "evidence")
+        suspect = evidence.nodes[task]
         t.say("2", status)
         verdict, plan = status.verdict, status.plan
         assert verdict is not None and plan is not None, status
