@@ -199,8 +199,9 @@ class Tier:
 
     # ------------------------------------------------------------------ checks
 
-    def drained(self) -> dict[str, str]:
-        """Nodes drained or draining now, with Slurm's reason: a fresh ``sinfo``."""
+    def drained(self, words: tuple[str, ...] = ("drain",)) -> dict[str, str]:
+        """Nodes drained or draining now (or whose state holds another of ``words``), with
+        Slurm's reason: a fresh ``sinfo``."""
         out = subprocess.run(
             ["sinfo", "-N", "-h", "-o", "%N|%T|%E"],
             env=self.env,
@@ -210,7 +211,7 @@ class Tier:
             check=True,
         ).stdout
         rows = [line.split("|", 2) for line in out.splitlines() if line.strip()]
-        return {node: reason for node, state, reason in rows if "drain" in state.lower()}
+        return {n: r for n, st, r in rows if any(w in st.lower() for w in words)}
 
     async def drained_by(self, node: str, incident: str) -> bool:
         """Whether ``node`` is drained now with a reason that names ``incident``."""

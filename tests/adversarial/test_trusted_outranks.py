@@ -36,16 +36,7 @@ def script(*lines: str) -> str:
 def out_of_service(t: Tier) -> dict[str, str]:
     """Nodes drained, down or failed now (a fenced node is drained and down), with Slurm's
     reason."""
-    out = subprocess.run(
-        ["sinfo", "-N", "-h", "-o", "%N|%T|%E"],
-        env=t.env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    rows = [line.split("|", 2) for line in out.splitlines() if line.strip()]
-    return {n: r for n, st, r in rows if any(w in st.lower() for w in ("drain", "down", "fail"))}
+    return t.drained(("drain", "down", "fail"))
 
 
 def opt_in(t: Tier, job_id: str) -> None:
