@@ -253,13 +253,21 @@ async def test_the_watchers_brief_listing_equals_the_json_listing(
             break
         await asyncio.sleep(0.25)
     text = subprocess.run(
-        ["squeue", "--states=all", "--noheader", f"--Format={parse.BRIEF_FORMAT}"],
+        [
+            "squeue",
+            "--states=all",
+            "--noheader",
+            f"--jobs={','.join(ids)}",
+            f"--Format={parse.BRIEF_FORMAT}",
+        ],
         env={**slurm_env, "SLURM_TIME_FORMAT": "%s"},
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    assert parse.jobs_from_brief(text) is not None  # read as text, not through the fallback
+    # Read as text, not through the fallback. This test's jobs only: another test's hostile job
+    # (a newline in its comment) rightly sends the whole listing to the JSON fallback.
+    assert parse.jobs_from_brief(text) is not None
 
     # This test's jobs only: other tests share the session's cluster, and their jobs start and
     # end between the two reads (and squeue prints the submitting host as an srun job's
