@@ -13,8 +13,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from relaunch.devstack import procs
+from relaunch.devstack.slurm_release import HOST_RELEASE
 from relaunch.models.errors import StackError
 
+# The OpenAPI plugin each release's slurmrestd serves in the dev stack: 22.05 names a version;
+# 24.11 serves slurmctld's endpoints with every data parser it carries (v0.0.40-v0.0.42).
+RESTD_PLUGINS = {"22.05": "openapi/v0.0.38", "24.11": "openapi/slurmctld"}
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmrestd", "munge")
 
 
@@ -32,6 +36,14 @@ class SlurmLayout(BaseModel):
     node_cpus: int = 2
     preemption: bool = False
     max_job_count: int | None = None
+    min_job_age: int = 600
+    release: str = HOST_RELEASE
+    slurm_root: Path | None = None  # the Debian root of a release that is not the host's
+
+    @property
+    def bin_dir(self) -> Path:
+        """The wrappers that run this release's commands (only when it is not the host's)."""
+        return self.root / "bin"
 
     @property
     def conf(self) -> Path:
@@ -55,13 +67,24 @@ class SlurmLayout(BaseModel):
 
     @property
     def env(self) -> dict[str, str]:
-        return {"SLURM_CONF": str(self.conf)}
+        """What a shell needs to use this cluster: its configuration, and for a release that
+        is not the host's, its commands first on PATH."""
+        env = {"SLURM_CONF": str(self.conf)}
+        if self.slurm_root is not None:
+            env["PATH"] = f"{self.bin_dir}:{os.environ.get('PATH', os.defpath)}"
+        return env
+
+    @property
+    def process_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
 
     def node_log(self, node: str) -> Path:
         return self.root / "log" / f"slurmd-{node}.log"
 
 
-def require_binaries() -> None:
+def require_binaries(layout: SlurmLayout) -> None:
+    if layout.slurm_root is not None:
+        return  # the release's own root carries every binary
     missing = [
         b for b in ("slurmctld", "slurmd", "sinfo", "munged", "slurmrestd") if not shutil.which(b)
     ]
@@ -130,7 +153,7 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 JobFileAppend=1
 ReturnToService=2
 SlurmdTimeout={layout.slurmd_timeout}
-MinJobAge=600
+MinJobAge={layout.min_job_age}
 MpiDefault=none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
@@ -188,8 +211,10 @@ def slurmd_pid(layout: SlurmLayout, node: str) -> int | None:
     return pid if procs.pid_alive(pid) else None
 
 
-def _daemon(argv: list[str], what: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+def _daemon(layout: SlurmLayout, argv: list[str], what: str) -> None:
+    result = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, env=layout.process_env
+    )
     if result.returncode != 0:
         raise StackError(f"{what} did not start: {(result.stderr or result.stdout).strip()[-300:]}")
 
@@ -198,16 +223,17 @@ def start_daemons(layout: SlurmLayout) -> None:
     """Start slurmctld and every slurmd that is not running (idempotent)."""
     conf = str(layout.conf)
     if ctld_pid(layout) is None:
-        _daemon(["slurmctld", "-c", "-f", conf], "slurmctld")
+        _daemon(layout, ["slurmctld", "-c", "-f", conf], "slurmctld")
         procs.wait_for(lambda: procs.port_open(layout.slurmctld_port), 30, "slurmctld")
     for node in layout.nodes:
         if slurmd_pid(layout, node) is None:
-            _daemon(["slurmd", "-N", node, "-f", conf], f"slurmd {node}")
+            _daemon(layout, ["slurmd", "-N", node, "-f", conf], f"slurmd {node}")
 
 
 def start_restd(layout: SlurmLayout) -> None:
     """slurmrestd twice: local auth on a unix socket, JWT auth on a TCP port."""
     base_env = {**layout.env, "SLURMRESTD_SECURITY": "disable_user_check"}
+    plugin = RESTD_PLUGINS[layout.release]
     log_dir = layout.root / "log"
     if not restd_local_healthy(layout):
         layout.restd_socket.unlink(missing_ok=True)
@@ -217,7 +243,7 @@ def start_restd(layout: SlurmLayout) -> None:
                 "-f",
                 str(layout.conf),
                 "-s",
-                "openapi/v0.0.38",
+                plugin,
                 "-a",
                 "rest_auth/local",
                 f"unix:{layout.restd_socket}",
@@ -239,7 +265,7 @@ def start_restd(layout: SlurmLayout) -> None:
                 "-f",
                 str(layout.conf),
                 "-s",
-                "openapi/v0.0.38",
+                plugin,
                 "-a",
                 "rest_auth/jwt",
                 f"127.0.0.1:{layout.restd_port}",
@@ -270,7 +296,7 @@ def scancel_all(layout: SlurmLayout) -> None:
     """Cancel every job of this cluster (best effort: the controller may be down)."""
     if ctld_pid(layout) is None:
         return
-    env = {**os.environ, **layout.env}
+    env = layout.process_env
     listed = subprocess.run(
         ["squeue", "--noheader", "--format=%i"],
         env=env,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import psycopg
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.console.auth import ConsoleRole, write_tokens
@@ -37,6 +37,14 @@ from relaunch.devstack.slurm import (
     start_munge,
     start_restd,
     write_conf,
+)
+from relaunch.devstack.slurm_release import (
+    DEFAULT_RELEASE,
+    ROOT_RELEASES,
+    check_release,
+    ensure_root,
+    root_dir,
+    write_wrappers,
 )
 from relaunch.devstack.status import StackStatus, stack_status
 from relaunch.models.config import ClusterConfig, ConsoleSettings
@@ -61,12 +69,20 @@ class StackConfig(BaseModel):
     """Settings of one local stack. Defaults are the developer's stack; tests pass free ports."""
 
     cluster: str = "dev"
+    slurm: str = Field(
+        default=DEFAULT_RELEASE,
+        description="the Slurm release: 22.05 (this machine's packages) or 24.11 (Debian 13's, "
+        "in a root under the cache directory: devstack/slurm_release.py)",
+    )
     nodes: int = 4
     cred_expire: int = 10
     slurmd_timeout: int = 300
     node_cpus: int = Field(default=2, description="CPUs per node (benchmarks raise it)")
     preemption: bool = Field(default=False, description="an `urgent` partition that preempts")
     max_job_count: int | None = Field(default=None, description="Slurm's MaxJobCount")
+    min_job_age: int = Field(
+        default=600, ge=2, description="Slurm's MinJobAge: how long an ended job stays listed"
+    )
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
     temporal_http_port: int = 7243
@@ -85,6 +101,11 @@ class StackConfig(BaseModel):
     @property
     def clusters(self) -> list[str]:
         return [self.cluster, *(c.name for c in self.more_clusters)]
+
+    @field_validator("slurm")
+    @classmethod
+    def _release(cls, value: str) -> str:
+        return check_release(value)
 
     @classmethod
     def for_clusters(cls, names: list[str], **settings: object) -> StackConfig:
@@ -167,6 +188,9 @@ class Stack:
             node_cpus=config.node_cpus,
             preemption=config.preemption,
             max_job_count=config.max_job_count,
+            min_job_age=config.min_job_age,
+            release=config.slurm,
+            slurm_root=root_dir(config.slurm) if config.slurm in ROOT_RELEASES else None,
         )
         return ClusterHome(self.state_dir, root, slurm)
 
@@ -215,7 +239,8 @@ class Stack:
 
     def up(self, progress: Callable[[str], None] = lambda _: None) -> StackStatus:
         """Start whatever is not running yet; a second call changes nothing."""
-        require_binaries()
+        for home in self.clusters:
+            require_binaries(home.slurm)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         saved = self.state_dir / "stack.json"
         if not saved.exists():
@@ -261,6 +286,8 @@ class Stack:
 
     def _slurm_up(self, home: ClusterHome, progress: Callable[[str], None]) -> None:
         slurm = home.slurm
+        if slurm.slurm_root is not None:
+            write_wrappers(slurm.bin_dir, slurm.release, ensure_root(slurm.release, progress))
         if not munge_healthy(slurm):
             progress(f"starting munged{self._of(home)}")
         start_munge(slurm)
@@ -338,6 +365,7 @@ class Stack:
         return ClusterConfig(
             name=home.name,
             slurm_conf=str(home.slurm.conf),
+            slurm_bin=str(home.slurm.bin_dir) if home.slurm.slurm_root is not None else None,
             temporal_address=self.temporal_address,
             temporal_ui=self.temporal_ui,
             database_url=self.database_url,

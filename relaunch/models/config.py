@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from enum import StrEnum
 from typing import Any
@@ -228,6 +229,10 @@ class SshSettings(BaseModel):
         return names.user_name(value)
 
 
+# The PATH after `slurm_bin` on an SSH host (its own login PATH is not known here).
+REMOTE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 class ClusterConfig(BaseModel):
     """One cluster Relaunch serves. Written by `relaunch dev up` for the local stack.
     `relaunch config check --config FILE` validates one (deploy/README.md)."""
@@ -236,6 +241,11 @@ class ClusterConfig(BaseModel):
 
     name: str
     slurm_conf: str | None = None
+    slurm_bin: str | None = Field(
+        default=None,
+        description="the folder of the Slurm client commands (squeue, scontrol, sbatch, sacct), "
+        "put first on PATH; they must be the release of the site's controller. Unset: PATH",
+    )
     ssh: SshSettings | None = Field(
         default=None, description="run the Slurm commands on this host over SSH; unset: locally"
     )
@@ -292,4 +302,23 @@ class ClusterConfig(BaseModel):
 
     @property
     def slurm_env(self) -> dict[str, str]:
-        return {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else {}
+        """The environment overlay of every local Slurm command."""
+        env = {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else {}
+        if self.slurm_bin:
+            env["PATH"] = f"{self.slurm_bin}:{os.environ.get('PATH', os.defpath)}"
+        return env
+
+    @property
+    def remote_slurm_env(self) -> dict[str, str]:
+        """The overlay of every Slurm command run over SSH (a PATH of the remote host's)."""
+        env = {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else {}
+        if self.slurm_bin:
+            env["PATH"] = f"{self.slurm_bin}:{REMOTE_PATH}"
+        return env
+
+    @field_validator("slurm_bin")
+    @classmethod
+    def _slurm_bin(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or ":" in value):
+            raise ValueError(f"slurm_bin must be an absolute folder without ':' (got {value!r})")
+        return value

@@ -152,7 +152,7 @@ async def liveness_monitor(
         return None, None
     runner = None
     if config.ssh is not None and settings.probe_method is ProbeMethod.AUTO:
-        runner = SshRunner(config.ssh, env=config.slurm_env)
+        runner = SshRunner(config.ssh, env=config.remote_slurm_env)
     try:
         prober = make_prober(settings.probe_method, runner=runner)
     except (RelaunchError, ValueError) as exc:

@@ -30,7 +30,7 @@ def slurm_cli(config: ClusterConfig) -> SlurmCli:
     if config.ssh is None:
         return SlurmCli(env=config.slurm_env)
     return SlurmCli(
-        runner=SshRunner(config.ssh, env=config.slurm_env),
+        runner=SshRunner(config.ssh, env=config.remote_slurm_env),
         timeout=config.ssh.command_timeout_s,
         submit_as=config.ssh.user,
     )
@@ -67,7 +67,10 @@ def slurm_scheduler(config: ClusterConfig) -> SlurmCli:
     timeout = 30.0
     submit_as = None
     if config.ssh is not None:
-        runner, timeout = SshRunner(config.ssh, env=config.slurm_env), config.ssh.command_timeout_s
+        runner, timeout = (
+            SshRunner(config.ssh, env=config.remote_slurm_env),
+            config.ssh.command_timeout_s,
+        )
         submit_as = config.ssh.user
     scheduler = SlurmRestScheduler(
         slurm_rest(settings),
