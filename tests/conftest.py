@@ -19,6 +19,8 @@ from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig
 
 REPO = Path(__file__).resolve().parent.parent
+# The Slurm release of the session's stack (`make test` runs the Slurm-facing tiers on each).
+SLURM_RELEASE = os.environ.get("RELAUNCH_TEST_SLURM", "22.05")
 
 
 # The groups that mostly wait (the PostgreSQL outage: 11 minutes, almost all of it waiting for the
@@ -41,7 +43,9 @@ def stack() -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="relaunch-test-"))
     instance = Stack(
         root / "state",
-        StackConfig.with_free_ports("life", cluster="test", cred_expire=10, services=False),
+        StackConfig.with_free_ports(
+            "life", cluster="test", cred_expire=10, services=False, slurm=SLURM_RELEASE
+        ),
     )
     try:
         instance.up()

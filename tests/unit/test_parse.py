@@ -451,7 +451,7 @@ async def test_the_brief_listing_falls_back_to_json_when_it_does_not_parse() -> 
     odd = ListingRunner(brief_line(Comment="x\ny") + "\n")
     listed = await SlurmCli(runner=odd).list_jobs_brief()
     assert {j.job_id for j in listed} == set(jobs("squeue_running"))
-    assert odd.argvs[-1] == ("squeue", "--json")
+    assert odd.argvs[-1] == ("squeue", "--json", "--states=all")
 
 
 async def test_one_job_from_the_brief_listing() -> None:
@@ -467,7 +467,7 @@ async def test_one_job_from_the_brief_listing() -> None:
     json_id = next(iter(jobs("squeue_running")))
     odd = ListingRunner(brief_line(Comment="x\ny") + "\n")
     assert (await SlurmCli(runner=odd).get_job_brief(json_id)).job_id == json_id
-    assert odd.argvs[-1] == ("squeue", "--json")
+    assert odd.argvs[-1] == ("squeue", "--json", "--states=all")
 
 
 def test_a_line_crafted_in_a_comment_never_passes_for_another_job() -> None:

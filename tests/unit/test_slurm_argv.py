@@ -77,7 +77,7 @@ class RecordingSlurm:
 
     def _answer(self, argv: list[str]) -> str:
         match argv:
-            case ["squeue", "--json"]:
+            case ["squeue", "--json", "--states=all"]:
                 return json.dumps({"errors": self.json_errors, "jobs": list(self.jobs.values())})
             case ["sinfo", "--json"]:
                 return json.dumps({"errors": self.json_errors, "nodes": list(self.nodes.values())})

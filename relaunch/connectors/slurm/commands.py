@@ -81,6 +81,7 @@ class SlurmCli:
         self._node_reads: FreshRead[list[Node]] = FreshRead(self._read_nodes)
         self._brief_reads: FreshRead[parse.BriefListing] = FreshRead(self._read_brief)
         self._brief_refused = ""  # why the last brief listing was refused, if it was
+        self._nodes_from_scontrol = False  # set on the first sinfo answer of a newer release
 
     # ---------------------------------------------------------------- plumbing
 
@@ -164,7 +165,9 @@ class SlurmCli:
         return (await self._job_reads()).all()
 
     async def _read_jobs(self) -> parse.JobListing:
-        data = await self._json(["squeue", "--json"])
+        # --states=all: 23.02 and later list only pending and running jobs without it (22.05's
+        # JSON listed every state and ignores the option).
+        data = await self._json(["squeue", "--json", "--states=all"])
         return parse.JobListing(data.get("jobs") or [])
 
     async def list_jobs_brief(self) -> list[Job]:
@@ -239,7 +242,14 @@ class SlurmCli:
         return list(await self._node_reads())
 
     async def _read_nodes(self) -> list[Node]:
+        if self._nodes_from_scontrol:
+            return parse.nodes_from_data(await self._json(["scontrol", "show", "nodes", "--json"]))
         data = await self._json(["sinfo", "--json"])
+        if "nodes" not in data and "sinfo" in data:
+            # Slurm 23.02 and later: sinfo's JSON is grouped by partition and state; each node
+            # is in `scontrol show nodes --json`, which 22.05 lacks.
+            self._nodes_from_scontrol = True
+            return await self._read_nodes()
         return parse.nodes_from_data(data)
 
     async def get_node(self, name: str) -> Node:
@@ -509,6 +519,23 @@ class SlurmCli:
         )
         return self._job_result("cancel", before, after, changed=True)
 
+    async def _with_output_patterns(self, job: Job) -> Job:
+        """``job`` with its output patterns as submitted (``%j`` and all) from the text
+        listing: Slurm 23.02 and later print them expanded in JSON, where a resubmission would
+        write into its parent's file. Kept as they are when the text listing does not parse."""
+        try:
+            listed = (await self._brief_reads()).get(job.job_id)
+        except ValueError:
+            return job
+        if listed is None or not listed.stdout_pattern:
+            return job
+        return job.model_copy(
+            update={
+                "stdout_pattern": listed.stdout_pattern,
+                "stderr_pattern": listed.stderr_pattern,
+            }
+        )
+
     @property
     def submitter(self) -> Submitter:
         """Who runs ``sbatch``: the SSH account, or this process."""
@@ -547,6 +574,7 @@ class SlurmCli:
                 f"job {job_id} is still {before.state.value}",
                 hint="cancel it (or let it end) before resubmitting, so that two copies never run",
             )
+        before = await self._with_output_patterns(before)
         argv = resubmit_argv(before, excluded, submitter=self.submitter, nonce=nonce)
         script = await self.batch_script(job_id)
         result = await self._checked(argv, stdin=script)

@@ -357,7 +357,10 @@ def _job_from_brief_row(values: list[str]) -> Job | None:
             "user_name": raw["UserName"],
             "job_state": raw["State"],
             "state_reason": raw["Reason"],
-            "exit_code": _count(raw["exit_code"]) or 0,
+            # 22.05 prints the raw wait status (768), 23.02 and later `code:signal` (3:0).
+            "exit_code": raw["exit_code"]
+            if ":" in raw["exit_code"]
+            else (_count(raw["exit_code"]) or 0),
             "partition": raw["Partition"],
             "nodes": raw["NodeList"],
             "node_count": _count(raw["NumNodes"]) or 0,
