@@ -16,6 +16,7 @@ from relaunch.cli.exits import exit_code
 from relaunch.cli.exits import fail as _fail
 from relaunch.cli.terminal import json_text, printable
 from relaunch.connectors.slurm.commands import SlurmCli
+from relaunch.devstack.slurm_release import DEFAULT_RELEASE, HOST_RELEASE, RELEASES
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.devstack.status import StackStatus
 from relaunch.models.errors import RelaunchError, StackError
@@ -113,15 +114,35 @@ def _cluster_names(ctx: click.Context, param: click.Parameter, value: str) -> li
     "Slurm (munged, slurmctld, slurmds, slurmrestd), worker and watcher; all share Temporal, "
     "PostgreSQL and one console.",
 )
-def dev_up(state_dir: Path, nodes: int, cred_expire: int, clusters: list[str]) -> None:
+@click.option(
+    "--slurm",
+    "release",
+    type=click.Choice(list(RELEASES)),
+    default=None,
+    help=f"The Slurm release (first `up` only) [default: {DEFAULT_RELEASE}]: "
+    f"{HOST_RELEASE} is this machine's packages; 24.11 is Debian 13's, installed once into "
+    "a root under ~/.cache/relaunch (about 30 s and 400 MB; needs root), its commands reached "
+    "through the PATH printed below.",
+)
+def dev_up(
+    state_dir: Path, nodes: int, cred_expire: int, clusters: list[str], release: str | None
+) -> None:
     """Start the local stack (idempotent: running parts are left alone)."""
     saved = state_dir / "stack.json"
     config = (
         None
         if saved.exists()
-        else StackConfig.for_clusters(clusters, nodes=nodes, cred_expire=cred_expire)
+        else StackConfig.for_clusters(
+            clusters, nodes=nodes, cred_expire=cred_expire, slurm=release or DEFAULT_RELEASE
+        )
     )
     stack = Stack(state_dir, config)
+    if config is None and release not in (None, stack.config.slurm):
+        click.echo(
+            f"note: the stack under {stack.state_dir} runs Slurm {stack.config.slurm}; "
+            "`relaunch dev down` and remove it to change the release",
+            err=True,
+        )
     if config is None and clusters not in (["dev"], stack.config.clusters):
         click.echo(
             f"note: the stack under {stack.state_dir} was made with clusters "
@@ -146,7 +167,10 @@ def dev_up(state_dir: Path, nodes: int, cred_expire: int, clusters: list[str]) -
             )
     click.echo(f"export SLURM_CONF={stack.slurm.conf}")
     click.echo(f"export TEMPORAL_ADDRESS={stack.temporal_address}")
-    click.echo(f"export PATH={Path(sys.executable).parent}:$PATH")
+    path = [str(Path(sys.executable).parent)]
+    if stack.slurm.slurm_root is not None:
+        path.insert(0, str(stack.slurm.bin_dir))  # this release's sinfo, squeue, sbatch, ...
+    click.echo(f"export PATH={':'.join(path)}:$PATH")
     if not status.healthy:
         sys.exit(1)
 

@@ -75,6 +75,14 @@ class SlurmLayout(BaseModel):
         return env
 
     @property
+    def config_fields(self) -> dict[str, str]:
+        """The ClusterConfig fields that point Relaunch at this cluster's Slurm."""
+        fields = {"slurm_conf": str(self.conf)}
+        if self.slurm_root is not None:
+            fields["slurm_bin"] = str(self.bin_dir)
+        return fields
+
+    @property
     def process_env(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 

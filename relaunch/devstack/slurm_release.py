@@ -29,6 +29,9 @@ RELEASES = (HOST_RELEASE, *ROOT_RELEASES)
 DEFAULT_RELEASE = HOST_RELEASE
 MIRROR_ENV = "RELAUNCH_DEBIAN_MIRROR"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+JOB_LIBRARIES = """libffi8 libssl3t64 libsqlite3-0 libbz2-1.0 liblzma5 libreadline8t64 libncursesw6
+libtinfo6 libuuid1 zlib1g libexpat1 libnsl2 libtirpc3t64 libgssapi-krb5-2 libcrypt1 libstdc++6
+libgomp1 procps"""
 ROOT_PACKAGES = (
     "slurmctld",
     "slurmd",
@@ -38,6 +41,10 @@ ROOT_PACKAGES = (
     "munge",
     "slurm-wlm-jwt-plugin",  # auth/jwt: slurmrestd's token mode
     "slurm-wlm-mysql-plugin",  # slurmdbd's storage: sacct
+    # What a job run from the host's files needs inside the root: the shared libraries of the
+    # host's Python and its extension modules (ctypes, ssl, sqlite3, ...), C++ and OpenMP
+    # runtimes for torch, and ps/kill.
+    *JOB_LIBRARIES.split(),
 )
 # What a user, a test or Relaunch itself runs; each gets a wrapper of the same name.
 COMMANDS = {
@@ -116,8 +123,10 @@ def ensure_root(release: str, progress: Callable[[str], None] = lambda _: None) 
     400 MB; concurrent callers wait for the first)."""
     suite = ROOT_RELEASES[release]
     root = root_dir(release)
+    stamp = _stamp(release, suite)
     with _locked(cache_dir() / f"slurm-{release}.lock"):
-        if (root / MARKER).exists():
+        marker = root / MARKER
+        if marker.exists() and marker.read_text() == stamp:
             return root
         if os.geteuid() != 0:
             raise StackError(
@@ -149,9 +158,17 @@ def ensure_root(release: str, progress: Callable[[str], None] = lambda _: None) 
             timeout=900,
         )
         _adopt_host_identity(work)
-        (work / MARKER).write_text(f"Slurm {release} from Debian {suite}, for relaunch\n")
+        (work / MARKER).write_text(stamp)
+        if root.exists():  # built with other packages: replaced whole
+            progress(f"replacing the older root in {root}")
+            shutil.rmtree(root)
         work.rename(root)
     return root
+
+
+def _stamp(release: str, suite: str) -> str:
+    """What a root holds; a root whose marker says otherwise is built again."""
+    return f"Slurm {release} from Debian {suite}, for relaunch: {' '.join(ROOT_PACKAGES)}\n"
 
 
 def _adopt_host_identity(root: Path) -> None:

@@ -364,8 +364,7 @@ class Stack:
         home = self.home(cluster)
         return ClusterConfig(
             name=home.name,
-            slurm_conf=str(home.slurm.conf),
-            slurm_bin=str(home.slurm.bin_dir) if home.slurm.slurm_root is not None else None,
+            **home.slurm.config_fields,
             temporal_address=self.temporal_address,
             temporal_ui=self.temporal_ui,
             database_url=self.database_url,

@@ -51,7 +51,7 @@ class Harness:
         name = f"e2e{os.getpid() % 1000}x{next(_names)}"
         self.config = ClusterConfig(
             name=name,
-            slurm_conf=str(stack.slurm.conf),
+            **stack.slurm.config_fields,
             temporal_address=stack.temporal_address,
             temporal_ui=stack.temporal_ui,
             database_url=stack.database_url,

@@ -18,7 +18,7 @@ RELAUNCH = [sys.executable, "-m", "relaunch.cli"]
 def relaunch(
     stack: Stack, *args: str, conf: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SLURM_CONF": str(conf or stack.slurm.conf)}
+    env = {**os.environ, **stack.slurm_env, "SLURM_CONF": str(conf or stack.slurm.conf)}
     return subprocess.run([*RELAUNCH, *args], env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -199,7 +199,7 @@ def env(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
     tokens = write_tokens(tokens_file, USERS)
     config = ClusterConfig(
         name=name,
-        slurm_conf=str(stack.slurm.conf),
+        **stack.slurm.config_fields,
         temporal_address=stack.temporal_address,
         temporal_ui=stack.temporal_ui,
         database_url=stack.database_url,

@@ -89,7 +89,7 @@ async def test_a_lifecycle_is_decided_on_the_nodes_page(
             "ladders": {"reboot": ["reboot", "gpu_reset", "escalate"]},
         }
     )
-    h.configure(slurm_conf=str(layout.conf), lifecycle=lifecycle)
+    h.configure(**layout.config_fields, lifecycle=lifecycle)
     try:
         base, tokens = console_with_intake(h)
         h.start("worker")

@@ -219,7 +219,7 @@ def intake_env(stack: Stack, tmp_path: Path) -> Iterator[tuple[TestClient, dict[
     tokens = write_tokens(tmp_path / "tokens.json", USERS)
     config = ClusterConfig(
         name=name,
-        slurm_conf=str(stack.slurm.conf),
+        **stack.slurm.config_fields,
         temporal_address=stack.temporal_address,
         database_url=stack.database_url,
         bundle_dir=str(tmp_path / "bundles"),
@@ -321,7 +321,7 @@ def test_slurm_hook_script_posts_with_curl_and_a_root_only_token(
     tokens = write_tokens(tmp_path / "tokens.json", USERS)
     config = ClusterConfig(
         name=name,
-        slurm_conf=str(stack.slurm.conf),
+        **stack.slurm.config_fields,
         database_url=stack.database_url,
         bundle_dir=str(tmp_path / "bundles"),
         console=ConsoleSettings(tokens_file=str(tmp_path / "tokens.json")),

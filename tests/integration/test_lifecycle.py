@@ -107,7 +107,7 @@ async def test_drained_nodes_are_checked_remediated_returned_or_sent_to_repair(
                 "repair_webhook": f"{base}/tickets",
             }
         )
-        h.configure(slurm_conf=str(layout.conf), lifecycle=lifecycle)
+        h.configure(**layout.config_fields, lifecycle=lifecycle)
         name = h.config.name
         audit = await AuditStore.open(stack.database_url)
         try:

@@ -98,7 +98,7 @@ async def test_scorecard_suggestions_canary_and_promotion(
         {**stack.lifecycle_settings(home).model_dump(), "settle_s": 1.0, "mode": Mode.MONITOR}
     )
     h.configure(
-        slurm_conf=str(layout.conf),
+        **layout.config_fields,
         lifecycle=lifecycle,
         rollout=RolloutSettings(
             restart_ok_after_s=WINDOW_S, promote_min_decisions=1, promote_min_share=0.95

@@ -43,7 +43,7 @@ def rest_settings(stack: Stack, **overrides: object) -> SlurmRestSettings:
 def rest_scheduler(stack: Stack, **overrides: object) -> SlurmRestScheduler:
     config = ClusterConfig(
         name="restmode",
-        slurm_conf=str(stack.slurm.conf),
+        **stack.slurm.config_fields,
         database_url=stack.database_url,
         bundle_dir="/nonexistent",
         slurmrestd=rest_settings(stack, **overrides),

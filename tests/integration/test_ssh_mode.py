@@ -56,7 +56,7 @@ async def test_reads_over_ssh_equal_local_reads_on_one_connection(
         await remote.list_nodes()
     assert runner.connections_opened == 1 and runner.commands_sent >= 5
     assert sshd.accepted_logins() == logins + 1
-    assert ["squeue", "--json"] in sshd.slurm_commands()
+    assert ["squeue", "--json", "--states=all"] in sshd.slurm_commands()
 
 
 async def test_drain_and_resume_over_ssh(sshd: Sshd, remote: SlurmCli, scheduler: SlurmCli) -> None:
@@ -253,7 +253,7 @@ async def test_autonomous_recovery_through_ssh_mode(make_harness: MakeHarness, s
 
     # The watcher's reads and the worker's drain and requeue all went through sshd.
     sent = sshd.slurm_commands()[sent_before:]
-    assert ["squeue", "--json"] in sent
+    assert ["squeue", "--json", "--states=all"] in sent
     drains = [
         c for c in sent if c[:4] == ["scontrol", "update", f"NodeName={culprit}", "State=DRAIN"]
     ]

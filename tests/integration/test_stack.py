@@ -20,6 +20,7 @@ from temporalio.client import Client
 from relaunch.devstack.services import temporal_binary
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.models.search_attributes import SEARCH_ATTRIBUTES
+from tests.conftest import SLURM_RELEASE
 
 RELAUNCH = [sys.executable, "-m", "relaunch.cli"]
 
@@ -91,20 +92,32 @@ def test_cli_up_status_down_leaves_nothing_behind(short_tmp: Path) -> None:
     state = tmp_path / "state"
     # Fix the ports through stack.json, as a first `up` would have.
     state.mkdir()
-    config = StackConfig.with_free_ports(cluster="downtest", services=False)
+    config = StackConfig.with_free_ports(cluster="downtest", services=False, slurm=SLURM_RELEASE)
     (state / "stack.json").write_text(config.model_dump_json())
     up = subprocess.run(
-        [*RELAUNCH, "dev", "up", "--state-dir", str(state)],
+        [*RELAUNCH, "dev", "up", "--state-dir", str(state), "--slurm", SLURM_RELEASE],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,  # a first 24.11 stack on a fresh machine builds its Debian root
     )
     assert up.returncode == 0, up.stderr
     conf = state.resolve() / "slurm" / "slurm.conf"
     assert f"export SLURM_CONF={conf}" in up.stdout.splitlines()
     assert f"export TEMPORAL_ADDRESS=127.0.0.1:{config.temporal_port}" in up.stdout.splitlines()
 
-    env = {**os.environ, "SLURM_CONF": str(conf)}
+    # The user's shell after the printed `export` lines: every Slurm command is the stack's
+    # release (24.11's come from its Debian root, through the PATH printed first).
+    env = dict(os.environ)
+    for line in up.stdout.splitlines():
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = value.replace("$PATH", os.environ["PATH"])
+    for command in ("sinfo", "squeue", "scontrol", "sbatch", "sacct"):
+        version = subprocess.run(
+            [command, "--version"], env=env, capture_output=True, text=True, check=True
+        )
+        # "slurm 22.05.8", "slurm-wlm 24.11.5"
+        assert version.stdout.split()[-1].startswith(f"{SLURM_RELEASE}."), (command, version)
     sinfo = subprocess.run(
         ["sinfo", "-N", "-h", "-o", "%N %t"], env=env, capture_output=True, text=True, check=True
     )
