@@ -31,7 +31,7 @@ MIRROR_ENV = "RELAUNCH_DEBIAN_MIRROR"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 JOB_LIBRARIES = """libffi8 libssl3t64 libsqlite3-0 libbz2-1.0 liblzma5 libreadline8t64 libncursesw6
 libtinfo6 libuuid1 zlib1g libexpat1 libnsl2 libtirpc3t64 libgssapi-krb5-2 libcrypt1 libstdc++6
-libgomp1 procps"""
+libgomp1 procps python3"""
 ROOT_PACKAGES = (
     "slurmctld",
     "slurmd",
@@ -43,7 +43,7 @@ ROOT_PACKAGES = (
     "slurm-wlm-mysql-plugin",  # slurmdbd's storage: sacct
     # What a job run from the host's files needs inside the root: the shared libraries of the
     # host's Python and its extension modules (ctypes, ssl, sqlite3, ...), C++ and OpenMP
-    # runtimes for torch, and ps/kill.
+    # runtimes for torch, ps/kill, and a system python3 (jobs that name /usr/bin/python3).
     *JOB_LIBRARIES.split(),
 )
 # What a user, a test or Relaunch itself runs; each gets a wrapper of the same name.

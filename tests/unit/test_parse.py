@@ -508,3 +508,18 @@ def test_a_jobs_own_restart_budget_is_a_small_plain_number(
     comment: str, budget: int | None
 ) -> None:
     assert Job(job_id="1", comment=comment).max_restarts == budget
+
+
+def test_output_patterns_come_from_one_whole_row_of_the_job() -> None:
+    """A resubmission reuses the job's output patterns as submitted; 24.11's JSON has them
+    expanded, so they are read from squeue's text for that job, refused unless the row is whole."""
+    us = "\x1f"
+    row = f"7{us}/out/run-%j.log{us}(null){us}7{us}\n"
+    assert parse.output_patterns(row, "7") == ("/out/run-%j.log", "/out/run-%j.log")
+    both = f"7{us}/o-%j{us}/e-%j{us}7{us}\n"
+    assert parse.output_patterns(both, "7") == ("/o-%j", "/e-%j")
+    # The job's own user split its path with a newline or a separator: nothing is taken.
+    assert parse.output_patterns(f"7{us}/o\n8{us}/x{us}/y{us}7{us}\n", "7") is None
+    assert parse.output_patterns(f"7{us}/o{us}x{us}/e{us}7{us}\n", "7") is None
+    assert parse.output_patterns(f"8{us}/o{us}/e{us}8{us}\n", "7") is None
+    assert parse.output_patterns("", "7") is None

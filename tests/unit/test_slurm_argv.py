@@ -83,6 +83,10 @@ class RecordingSlurm:
                 return json.dumps({"errors": self.json_errors, "nodes": list(self.nodes.values())})
             case ["env", "SLURM_TIME_FORMAT=%s", "squeue", *_]:
                 return "".join(_brief_line(job) + "\n" for job in self.jobs.values())
+            case ["squeue", "--states=all", "--noheader", jobs, _] if jobs.startswith("--jobs="):
+                job = self.jobs[jobs.partition("=")[2]]
+                fields = (job["job_id"], job["standard_output"], job["standard_error"])
+                return "".join(f"{v}\x1f" for v in (*fields, job["job_id"])) + "\n"
             case ["scontrol", "ping"]:
                 return "Slurmctld(primary) at ctl is UP\n"
             case ["scontrol", "write", "batch_script", job_id, "-"]:

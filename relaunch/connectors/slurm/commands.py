@@ -520,21 +520,27 @@ class SlurmCli:
         return self._job_result("cancel", before, after, changed=True)
 
     async def _with_output_patterns(self, job: Job) -> Job:
-        """``job`` with its output patterns as submitted (``%j`` and all) from the text
-        listing: Slurm 23.02 and later print them expanded in JSON, where a resubmission would
-        write into its parent's file. Kept as they are when the text listing does not parse."""
-        try:
-            listed = (await self._brief_reads()).get(job.job_id)
-        except ValueError:
-            return job
-        if listed is None or not listed.stdout_pattern:
-            return job
-        return job.model_copy(
-            update={
-                "stdout_pattern": listed.stdout_pattern,
-                "stderr_pattern": listed.stderr_pattern,
-            }
+        """``job`` with its output patterns as submitted (``%j`` and all), from squeue's text
+        for this one job: Slurm 23.02 and later print them expanded in JSON, where a
+        resubmission would write into its parent's file. Kept as they are when the row does not
+        parse (its own user put a separator or newline in them)."""
+        sep = parse.BRIEF_SEPARATOR
+        fields = ("JobID", "STDOUT", "STDERR", "JobID")
+        result = await self._run(
+            [
+                "squeue",
+                "--states=all",
+                "--noheader",
+                f"--jobs={job.job_id}",
+                "--Format=" + ",".join(f"{f}:0{sep}" for f in fields),
+            ]
         )
+        patterns = (
+            parse.output_patterns(result.stdout, job.job_id) if result.returncode == 0 else None
+        )
+        if patterns is None:
+            return job
+        return job.model_copy(update={"stdout_pattern": patterns[0], "stderr_pattern": patterns[1]})
 
     @property
     def submitter(self) -> Submitter:

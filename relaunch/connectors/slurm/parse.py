@@ -273,6 +273,20 @@ def _count(value: str) -> int | None:
     return None if number is None or number >= 0xFFFFFFFE else number
 
 
+def output_patterns(text: str, job_id: str) -> tuple[str, str] | None:
+    """``(stdout, stderr)`` patterns from ``squeue --jobs=<id> --Format=JobID,STDOUT,STDERR,JobID``
+    (each field followed by the separator); None unless it is exactly one row of that job,
+    opened and closed by its id (a separator or newline in a path splits it)."""
+    lines = text.splitlines()
+    if len(lines) != 1:
+        return None
+    values = lines[0].split(BRIEF_SEPARATOR)
+    if len(values) != 5 or values[4] or values[0] != job_id or values[3] != job_id:
+        return None
+    stdout, stderr = ("" if v == "(null)" else v for v in values[1:3])
+    return stdout, stderr or stdout
+
+
 def jobs_from_brief(text: str) -> list[Job] | None:
     """Parse ``squeue --states=all --noheader --Format=BRIEF_FORMAT``; None when a line does
     not have exactly the expected fields (a separator or newline inside a user's text)."""
