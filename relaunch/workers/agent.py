@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -227,6 +229,85 @@ async def _main(runner: Agent, once: bool) -> None:
                 await runner.collector.close()
 
 
+@click.command("agents")
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(1, 86400),
+    default=60.0,
+    show_default=True,
+    help="Seconds without a batch after which an agent is stale (its heartbeat is every 5 s).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, one agent per line.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Cluster configuration JSON.",
+)
+@click.option("--cluster", default="dev", show_default=True, help="Cluster name.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".relaunch"),
+    show_default=True,
+    help="Where `relaunch dev up` keeps cluster configurations.",
+)
+def agents(
+    stale_after: float, as_json: bool, config_path: Path | None, cluster: str, state_dir: Path
+) -> None:
+    """The node agents that post to this cluster's console (POST /intake/agent): each node's
+    last batch, heartbeat, kernel source, /dev/kmsg sequence number, records lost (overwritten
+    before the agent read them) and lines dropped (undelivered). Exits 1 when an agent is
+    stale (no batch for --stale-after seconds and not stopped cleanly), for a monitoring check.
+    """
+    from relaunch.cli.incidents import load_config
+    from relaunch.console.intake.agent import agent_statuses
+    from relaunch.models.errors import RelaunchError
+
+    try:
+        config = load_config(config_path, cluster, state_dir)
+    except RelaunchError as exc:
+        raise click.ClickException(exc.message) from None
+    if not config.node_log_pattern:
+        raise click.ClickException(
+            f"cluster {config.name} has no node_log_pattern: no agent posts to it (docs/agent.md)"
+        )
+    now = datetime.now(UTC)
+    stale = 0
+    rows = agent_statuses(config.node_log_pattern)
+    if not rows and not as_json:
+        click.echo(f"no agent has posted to cluster {config.name} yet", err=True)
+    for row in rows:
+        last = _when(row.get("last_batch"))
+        age = (now - last).total_seconds() if last else None
+        state = "stopped" if row.get("stopped") else "ok"
+        if state == "ok" and (age is None or age > stale_after):
+            state, stale = "STALE", stale + 1
+        row = {**row, "age_s": round(age, 1) if age is not None else None, "state": state}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            said = f"{age:.0f}s ago" if age is not None else "never"
+            click.echo(
+                f"{row.get('node')}\t{state}\tlast batch {said}\t"
+                f"kernel {row.get('kernel_source') or '-'} seq {row.get('kmsg_seq', '-')}\t"
+                f"lost {row.get('kernel_lost', 0)} dropped {row.get('dropped', 0)}"
+            )
+    if stale:
+        sys.exit(1)
+
+
+def _when(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
 def register(root: click.Group) -> None:
-    """Add `relaunch agent` to the root command."""
+    """Add `relaunch agent` and `relaunch agents` to the root command."""
     root.add_command(agent)
+    root.add_command(agents)

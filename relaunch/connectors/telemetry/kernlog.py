@@ -318,10 +318,12 @@ def split_records(data: bytes) -> tuple[list[bytes], bytes]:
 
 @dataclass
 class KmsgStats:
-    """What a kmsg reader lost: records overwritten before it read them (EPIPE, and gaps in
-    the sequence numbers), and records it skipped for their facility."""
+    """What a kmsg reader lost: records overwritten before it read them (the gaps in the
+    sequence numbers; ``overruns`` counts the reads that failed with EPIPE for it), and
+    records it skipped for their facility."""
 
     lost: int = 0
+    overruns: int = 0
     not_kernel: int = 0
     last_seq: int | None = None
 
@@ -372,8 +374,10 @@ class KmsgReader:
                 chunk = os.read(self._fd, MAX_RECORD)
             except BlockingIOError:
                 break
-            except BrokenPipeError:  # EPIPE: overwritten before we read it; go on
-                self.stats.lost += 1
+            except BrokenPipeError:
+                # EPIPE: the next record was overwritten before it was read; the read after
+                # this one gives the oldest still kept (the gap in sequence numbers is counted).
+                self.stats.overruns += 1
                 continue
             if not chunk:
                 break
