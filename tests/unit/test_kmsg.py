@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -314,3 +317,57 @@ def test_the_agents_http_sink_speaks_the_receivers_language(tmp_path: Path) -> N
     status.write_text(json.dumps(row))
     shown = CliRunner().invoke(cli, ["agents", "--config", str(cfg), "--stale-after", "60"])
     assert shown.exit_code == 1 and "n2\tSTALE\t" in shown.output
+
+
+# ------------------------------------------------------------------ the unit and its install
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_install_script_writes_a_root_only_token_and_a_unit_systemd_accepts(
+    tmp_path: Path,
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("rl_" + "x" * 43 + "\n")
+    script = REPO / "deploy" / "install-agent.sh"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    venv = Path(sys.executable).parent.parent
+    root = tmp_path / "root"
+    argv = [str(script), "--url", "https://console.example:8400/intake/agent"]
+    argv += ["--token-file", str(token), "--no-gpu", "--node", "gpu-017", "--root", str(root)]
+    done = subprocess.run([*argv, "--venv", str(venv)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    env = root / "etc" / "relaunch" / "agent.env"
+    assert env.stat().st_mode & 0o777 == 0o600
+    assert env.read_text().splitlines() == [
+        f"RELAUNCH_AGENT_TOKEN=rl_{'x' * 43}",
+        "RELAUNCH_AGENT_POST=https://console.example:8400/intake/agent",
+        "RELAUNCH_AGENT_ARGS=--no-gpu --node gpu-017",
+    ]
+    unit = root / "etc" / "systemd" / "system" / "relaunch-agent.service"
+    text = unit.read_text()
+    assert f"ExecStart={venv}/bin/relaunch agent --kernel-log kmsg" in text
+    assert "EnvironmentFile=/etc/relaunch/agent.env" in text
+    assert "DeviceAllow=/dev/kmsg r" in text and "AmbientCapabilities=CAP_SYSLOG" in text
+    assert "\nProtectKernelLogs=" not in text and "\nPrivateDevices=" not in text
+    if shutil.which("systemd-analyze"):
+        verified = subprocess.run(
+            ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True
+        )
+        assert verified.returncode == 0, verified.stderr
+    # Mistakes are said, and nothing is written.
+    bad = subprocess.run(
+        [
+            str(script),
+            "--url",
+            "ftp://x",
+            "--token-file",
+            str(token),
+            "--root",
+            str(tmp_path / "b"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "--url must be" in bad.stderr
+    assert not (tmp_path / "b").exists()
