@@ -140,6 +140,7 @@ class HttpSink:
         self.backoff = backoff
         self.max_pending = max_pending
         self._client = client
+        self._own_client = client is None
         self.pending: list[str] = []
         self.dropped = 0
         self.sent_bytes = 0
@@ -172,13 +173,13 @@ class HttpSink:
         for attempt in range(1, self.attempts + 1):
             status: int | str
             try:
-                if self._client is not None:
-                    response = await self._client.post(
-                        self.url, content=data, headers=headers, timeout=self.timeout
-                    )
-                else:
-                    async with httpx.AsyncClient(timeout=self.timeout) as client:
-                        response = await client.post(self.url, content=data, headers=headers)
+                if self._client is None:
+                    # One client for the sink's life: its connection (and TLS session) is
+                    # kept between batches, so a heartbeat costs one request, not a handshake.
+                    self._client = httpx.AsyncClient(timeout=self.timeout)
+                response = await self._client.post(
+                    self.url, content=data, headers=headers, timeout=self.timeout
+                )
                 status = response.status_code
             except httpx.HTTPError as exc:
                 status = type(exc).__name__
@@ -205,6 +206,12 @@ class HttpSink:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 8.0)
         self.pending = batch
+
+    async def close(self) -> None:
+        """Close the connection this sink opened (not a client it was given)."""
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
 
 def kernel_samples(
@@ -345,6 +352,10 @@ class Agent:
                         await sink.stop_beating()
             if isinstance(self.kernel, KmsgReader):
                 self.kernel.close()
+            for poster in self.sinks:
+                if isinstance(poster, HttpSink):
+                    with contextlib.suppress(httpx.HTTPError, OSError):
+                        await poster.close()
 
     def _emit(self, samples: list[TelemetrySample] | None) -> None:
         """Queue ``samples`` for every sink (None: the last batch, then the writers end)."""
