@@ -26,7 +26,12 @@ from starlette.testclient import TestClient
 
 from relaunch.cli import cli
 from relaunch.connectors.telemetry import kernlog
-from relaunch.connectors.telemetry.kernlog import KmsgReader, parse_kmsg, split_records
+from relaunch.connectors.telemetry.kernlog import (
+    KmsgReader,
+    parse_journal_entry,
+    parse_kmsg,
+    split_records,
+)
 from relaunch.console.app import create_app
 from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.console.intake.common import MAX_BODY
@@ -74,6 +79,20 @@ def test_a_stream_of_records_keeps_continuation_lines_with_their_record() -> Non
     assert done == [b"6,1,2,-;a\n SUBSYSTEM=x", b"14,2,3,-;b"] and rest == b"6,3,4,-;c"
     done, rest = split_records(b" DEVICE=+x\n6,4,5,-;d\n")
     assert done == [b"6,4,5,-;d"] and rest == b""
+
+
+def test_journal_entries_are_the_kernels_only_on_its_transport_with_facility_zero() -> None:
+    def entry(**fields: str) -> bytes:
+        return json.dumps({"MESSAGE": XID, "__REALTIME_TIMESTAMP": "1764900000000000", **fields})
+
+    kernel = parse_journal_entry(entry(_TRANSPORT="kernel", PRIORITY="3"), "n1")
+    assert kernel is not None and kernel.kernel and kernel.level == 3
+    # journald keeps the facility a user-space write to /dev/kmsg was given.
+    user_kmsg = parse_journal_entry(entry(_TRANSPORT="kernel", SYSLOG_FACILITY="1"), "n1")
+    assert user_kmsg is not None and not user_kmsg.kernel
+    for transport in ("syslog", "journal", "stdout"):  # logger, sd_journal_send, a service
+        line = parse_journal_entry(entry(_TRANSPORT=transport, SYSLOG_FACILITY="0"), "n1")
+        assert line is not None and not line.kernel
 
 
 # ------------------------------------------------------------------ the reader
