@@ -130,7 +130,7 @@ def agent(
     once: bool,
     call_timeout: float,
 ) -> None:
-    """Report this node's GPU health to the watcher.
+    """Report this node's GPU health and kernel messages to the watcher.
 
     Reads every GPU through NVML (Xid events, uncorrected ECC errors, remapped rows, retired
     pages, NVLink errors, thermal and power slowdowns) and, with --kernel-log, the kernel's

@@ -40,7 +40,7 @@ from relaunch.detection.kernel_lines import kernel_message
 from relaunch.detection.signatures import Catalogue
 from relaunch.models.agentwire import HeartbeatLine, KernelRecordLine
 from relaunch.models.config import ClusterConfig, ConsoleSettings
-from relaunch.workers.agent_runtime import Batch, HttpSink
+from relaunch.workers.agent_runtime import Batch, HttpSink, load_kmsg_state, save_kmsg_state
 
 SEGV = (
     "6,439,10251635673,-;python3[10461]: segfault at 0 ip 00007fb61a1bd000 sp 00007ffd20931468 "
@@ -119,6 +119,17 @@ def test_reader_starts_at_the_end_counts_gaps_and_skips_user_space(tmp_path: Pat
     again = KmsgReader("n1", path=str(path), after_seq=2)
     assert [r.seq for r in again.read()] == [7]
     assert (again.stats.lost, again.stats.not_kernel) == (3, 1)
+
+
+def test_a_saved_sequence_number_holds_for_its_boot_only(tmp_path: Path) -> None:
+    state = tmp_path / "state" / "kmsg.json"
+    assert load_kmsg_state(state) is None
+    save_kmsg_state(state, 4711)
+    assert load_kmsg_state(state) == 4711
+    state.write_text(json.dumps({"boot_id": "another-boot", "seq": 4711}))
+    assert load_kmsg_state(state) is None  # sequence numbers start again at each boot
+    state.write_text("{torn")
+    assert load_kmsg_state(state) is None
 
 
 def test_epipe_is_counted_and_the_reader_goes_on(
