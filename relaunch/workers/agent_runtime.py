@@ -466,7 +466,10 @@ class Agent:
             while True:
                 try:
                     async for line in kernel.follow():
-                        self._take_kernel([line], trusted=line.kernel)
+                        # journalctl -k gives journald's kernel transport, which also holds
+                        # what root wrote to /dev/kmsg (SYSLOG_FACILITY=1): never the kernel's.
+                        if line.kernel:
+                            self._take_kernel([line], trusted=True)
                 except KernelLogError as exc:
                     log.warning("journal read failed", extra={"error": exc.message})
                 await asyncio.sleep(self.interval)
