@@ -334,8 +334,9 @@ class KmsgReader:
     earlier run of this boot), never blocking.
 
     A record overwritten in the ring buffer before it was read makes the next read fail with
-    EPIPE: the reader counts it (``stats.lost``, with gaps in the sequence numbers) and goes
-    on with the oldest record still there. ``path`` may also name a file or FIFO of records
+    EPIPE: the reader counts the failure (``stats.overruns``) and goes on with the oldest
+    record still there; the records it never saw are the gap in the sequence numbers
+    (``stats.lost``). ``path`` may also name a file or FIFO of records
     in the same format (the benchmark's and the tests' stand-in for a busy kernel)."""
 
     def __init__(self, node: str, *, path: str = KMSG_PATH, after_seq: int | None = None) -> None:
