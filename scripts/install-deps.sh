@@ -2,11 +2,12 @@
 # Installs what Relaunch needs on a fresh Debian/Ubuntu machine (as root): the Debian packages
 # when missing (Slurm 22.05, munge, debootstrap for Slurm 24.11's Debian 13 root, sshd for SSH
 # mode, chromium for the console's browser tests, nftables for the benchmark's network
-# partitions), then a virtual environment with the project and its tools.
+# partitions, rsyslog for the agent test's contrast with a central rsyslog), then a virtual
+# environment with the project and its tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge debootstrap curl openssh-server openssh-client chromium prometheus-alertmanager nftables)
+packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge debootstrap curl openssh-server openssh-client chromium prometheus-alertmanager nftables rsyslog)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

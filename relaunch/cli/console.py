@@ -138,8 +138,10 @@ def register(cli: click.Group) -> None:
         "--role",
         type=click.Choice([r.value for r in ConsoleRole]),
         required=True,
-        help="viewer, approver, admin (people), intake (a machine that pushes signals in) or "
-        "repair (the repair system's callback, POST /intake/repair, and nothing else).",
+        help="viewer, approver, admin (people), intake (a machine that pushes signals in), "
+        "repair (the repair system's callback, POST /intake/repair, and nothing else) or agent "
+        "(one node's `relaunch agent --post`, POST /intake/agent: NAME is the node, and the "
+        "token may report that node only).",
     )
     @click.option(
         "--scope",

@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from relaunch.connectors.operator_files import operator_file_problem
+from relaunch.models import names
 from relaunch.models.errors import InvalidNameError, RelaunchError
 from relaunch.models.names import cluster_name
 
@@ -52,6 +53,7 @@ class ConsoleRole(StrEnum):
     ADMIN = "admin"
     INTAKE = "intake"
     REPAIR = "repair"
+    AGENT = "agent"  # one node's agent (POST /intake/agent): the token's name is the node
 
     @property
     def rank(self) -> int:
@@ -60,7 +62,7 @@ class ConsoleRole(StrEnum):
     @property
     def machine(self) -> bool:
         """A machine sender's role (intake, repair): it allows only itself."""
-        return self in (ConsoleRole.INTAKE, ConsoleRole.REPAIR)
+        return self in (ConsoleRole.INTAKE, ConsoleRole.REPAIR, ConsoleRole.AGENT)
 
     def allows(self, needed: ConsoleRole) -> bool:
         if self.machine or needed.machine:
@@ -71,6 +73,7 @@ class ConsoleRole(StrEnum):
 _RANK = {
     ConsoleRole.INTAKE: 0,
     ConsoleRole.REPAIR: 0,
+    ConsoleRole.AGENT: 0,
     ConsoleRole.VIEWER: 1,
     ConsoleRole.APPROVER: 2,
     ConsoleRole.ADMIN: 3,
@@ -115,6 +118,12 @@ class TokenEntry(BaseModel):
     def _intake_only(self) -> TokenEntry:
         if self.trusted_health and self.role is not ConsoleRole.INTAKE:
             raise ValueError(f"trusted_health is for intake tokens, not a {self.role.value}'s")
+        if self.role is ConsoleRole.AGENT:
+            # A node's agent token is named after its node: what it sends is that node's.
+            try:
+                names.node_name(self.name)
+            except InvalidNameError as exc:
+                raise ValueError(f"an agent token is named after its node: {exc.message}") from exc
         return self
 
     def user(self, sha256: str) -> User:

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from relaunch.connectors.telemetry.kernlog import JOURNAL, JournalReader, KernelLogFile
+from relaunch.connectors.telemetry.kernlog import (
+    JOURNAL,
+    KMSG,
+    KMSG_PATH,
+    JournalReader,
+    KernelLogFile,
+    KmsgReader,
+)
 from relaunch.connectors.telemetry.nvml import (
     DEFAULT_CALL_TIMEOUT,
     NvmlCollector,
@@ -21,9 +30,18 @@ from relaunch.connectors.telemetry.nvml import (
 )
 from relaunch.models import names
 from relaunch.models.errors import InvalidNameError
-from relaunch.workers.agent_runtime import Agent, FileSink, HttpSink, Sink, StdoutSink
+from relaunch.workers.agent_runtime import (
+    Agent,
+    FileSink,
+    HttpSink,
+    KernelSource,
+    Sink,
+    StdoutSink,
+    load_kmsg_state,
+)
 
 EX_UNAVAILABLE = 69  # sysexits.h: a service this needs is not there
+EX_NOPERM = 77  # sysexits.h: not allowed to read what it must
 TOKEN_ENV = "RELAUNCH_AGENT_TOKEN"
 
 
@@ -49,12 +67,35 @@ TOKEN_ENV = "RELAUNCH_AGENT_TOKEN"
     "--post",
     "post_url",
     default=None,
-    help=f"Also POST each batch (JSON lines) to this URL, with the bearer token in ${TOKEN_ENV}.",
+    help=f"Also POST each batch (JSON lines) to this URL, with the bearer token in ${TOKEN_ENV}: "
+    "the console's POST /intake/agent (docs/agent.md), with a token of role agent named after "
+    "this node.",
 )
 @click.option(
     "--kernel-log",
     default=None,
-    help="Also tail the kernel log: a file PATH, or `journal` for journalctl -k.",
+    help="Also read the kernel's messages: `kmsg` (/dev/kmsg: the kernel's own records, "
+    "facility 0 only, sent whole to --post), `journal` (journalctl -k: journald's kernel "
+    "transport), or a file PATH (e.g. an rsyslog kern.log: matched lines only, never sent as "
+    "the kernel's own).",
+)
+@click.option(
+    "--kmsg-path",
+    default=KMSG_PATH,
+    show_default=True,
+    help="With --kernel-log kmsg: the device, or a file or FIFO of records in its format.",
+)
+@click.option(
+    "--kmsg-state",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --kernel-log kmsg: remember the last record read in this file and, after a "
+    "restart in the same boot, go on after it (default: start at the end of the buffer).",
+)
+@click.option(
+    "--no-gpu",
+    is_flag=True,
+    help="Read no GPU (no NVML): the kernel's messages and heartbeats only.",
 )
 @click.option(
     "--heartbeat",
@@ -64,8 +105,9 @@ TOKEN_ENV = "RELAUNCH_AGENT_TOKEN"
     callback=lambda _ctx, _param, value: _heartbeat(value),
     help="Seconds between heartbeats, 0 for none. With --output, each beat replaces the small "
     "file `heartbeat` beside it (never a telemetry line), and the watcher reports a node whose "
-    "agent falls silent (watch.heartbeat_timeout_s); stdout and --post receivers get no "
-    "heartbeats. A clean stop removes the file.",
+    "agent falls silent (watch.heartbeat_timeout_s); a --post receiver gets a heartbeat line "
+    "(and writes that file for the watcher); stdout gets no heartbeats. A clean stop removes "
+    "the file.",
 )
 @click.option("--once", is_flag=True, help="Read every GPU once, print JSON lines, exit.")
 @click.option(
@@ -81,17 +123,24 @@ def agent(
     output: Path | None,
     post_url: str | None,
     kernel_log: str | None,
+    kmsg_path: str,
+    kmsg_state: Path | None,
+    no_gpu: bool,
     heartbeat: float,
     once: bool,
     call_timeout: float,
 ) -> None:
-    """Report this node's GPU health to the watcher.
+    """Report this node's GPU health and kernel messages to the watcher.
 
     Reads every GPU through NVML (Xid events, uncorrected ECC errors, remapped rows, retired
     pages, NVLink errors, thermal and power slowdowns) and, with --kernel-log, the kernel's
     Xid, SXid and NIC lines. Sends the first full sample at start, then only what changed,
     and, with --output, a heartbeat beside that file every --heartbeat seconds. Without
     --output or --post, samples go to stdout. Stop it with Ctrl-C or SIGTERM.
+
+    With --kernel-log kmsg and --post, every message the kernel itself logs (facility 0 of
+    /dev/kmsg; never a user-space line) goes to the receiver, which writes it into the node's
+    kernel log for the watcher; a heartbeat line goes with it every --heartbeat seconds.
     """
     name = node or socket.gethostname().split(".")[0]
     try:
@@ -110,12 +159,28 @@ def agent(
         sinks.append(FileSink(output))
     if post_url is not None:
         sinks.append(HttpSink(post_url, os.environ.get(TOKEN_ENV)))
-    kernel: KernelLogFile | JournalReader | None = None
+    if no_gpu and kernel_log is None and post_url is None:
+        raise click.UsageError("--no-gpu reads nothing without --kernel-log or --post")
+    kernel: KernelSource | None = None
     if kernel_log == JOURNAL:
         kernel = JournalReader(name)
+    elif kernel_log == KMSG:
+        after = load_kmsg_state(kmsg_state) if kmsg_state is not None else None
+        try:
+            kernel = KmsgReader(name, path=kmsg_path, after_seq=after)
+        except PermissionError:
+            click.echo(
+                f"relaunch agent: cannot read {kmsg_path}: permission denied; run it as root "
+                "(or with CAP_SYSLOG where kernel.dmesg_restrict is 1)",
+                err=True,
+            )
+            sys.exit(EX_NOPERM)
+        except OSError as exc:
+            click.echo(f"relaunch agent: cannot read {kmsg_path}: {exc.strerror}", err=True)
+            sys.exit(EX_UNAVAILABLE)
     elif kernel_log is not None:
         kernel = KernelLogFile(kernel_log, name)
-    collector = NvmlCollector(name, call_timeout=call_timeout)
+    collector = None if no_gpu else NvmlCollector(name, call_timeout=call_timeout)
     runner = Agent(
         node=name,
         collector=collector,
@@ -123,6 +188,7 @@ def agent(
         interval=interval,
         kernel=kernel,
         heartbeat=heartbeat,
+        kmsg_state=kmsg_state,
     )
     try:
         asyncio.run(_main(runner, once))
@@ -149,7 +215,8 @@ async def _main(runner: Agent, once: bool) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await runner.collector.start()
+        if runner.collector is not None:
+            await runner.collector.start()
         if once:
             await runner.once()
         else:
@@ -157,10 +224,90 @@ async def _main(runner: Agent, once: bool) -> None:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        with contextlib.suppress(Exception):
-            await runner.collector.close()
+        if runner.collector is not None:
+            with contextlib.suppress(Exception):
+                await runner.collector.close()
+
+
+@click.command("agents")
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(1, 86400),
+    default=60.0,
+    show_default=True,
+    help="Seconds without a batch after which an agent is stale (its heartbeat is every 5 s).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, one agent per line.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Cluster configuration JSON.",
+)
+@click.option("--cluster", default="dev", show_default=True, help="Cluster name.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".relaunch"),
+    show_default=True,
+    help="Where `relaunch dev up` keeps cluster configurations.",
+)
+def agents(
+    stale_after: float, as_json: bool, config_path: Path | None, cluster: str, state_dir: Path
+) -> None:
+    """The node agents that post to this cluster's console (POST /intake/agent): each node's
+    last batch, heartbeat, kernel source, /dev/kmsg sequence number, records lost (overwritten
+    before the agent read them) and lines dropped (undelivered). Exits 1 when an agent is
+    stale (no batch for --stale-after seconds and not stopped cleanly), for a monitoring check.
+    """
+    from relaunch.cli.incidents import load_config
+    from relaunch.console.intake.agent import agent_statuses
+    from relaunch.models.errors import RelaunchError
+
+    try:
+        config = load_config(config_path, cluster, state_dir)
+    except RelaunchError as exc:
+        raise click.ClickException(exc.message) from None
+    if not config.node_log_pattern:
+        raise click.ClickException(
+            f"cluster {config.name} has no node_log_pattern: no agent posts to it (docs/agent.md)"
+        )
+    now = datetime.now(UTC)
+    stale = 0
+    rows = agent_statuses(config.node_log_pattern)
+    if not rows and not as_json:
+        click.echo(f"no agent has posted to cluster {config.name} yet", err=True)
+    for row in rows:
+        last = _when(row.get("last_batch"))
+        age = (now - last).total_seconds() if last else None
+        state = "stopped" if row.get("stopped") else "ok"
+        if state == "ok" and (age is None or age > stale_after):
+            state, stale = "STALE", stale + 1
+        row = {**row, "age_s": round(age, 1) if age is not None else None, "state": state}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            said = f"{age:.0f}s ago" if age is not None else "never"
+            click.echo(
+                f"{row.get('node')}\t{state}\tlast batch {said}\t"
+                f"kernel {row.get('kernel_source') or '-'} seq {row.get('kmsg_seq', '-')}\t"
+                f"lost {row.get('kernel_lost', 0)} dropped {row.get('dropped', 0)}"
+            )
+    if stale:
+        sys.exit(1)
+
+
+def _when(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 def register(root: click.Group) -> None:
-    """Add `relaunch agent` to the root command."""
+    """Add `relaunch agent` and `relaunch agents` to the root command."""
     root.add_command(agent)
+    root.add_command(agents)

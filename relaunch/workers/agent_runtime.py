@@ -8,17 +8,27 @@ HTTP receiver (retries, backoff) never holds up the file the watcher reads.
 With ``heartbeat``, every that many seconds each file sink replaces the small file ``heartbeat``
 beside its telemetry file (:mod:`relaunch.connectors.telemetry.heartbeat`): the watcher
 reports a node whose agent falls silent. Beats never go into the telemetry stream, so the file
-the watcher reads from its start when it meets a node does not grow with them; stdout and HTTP
-receivers get none. A clean stop removes the file (a stopped agent is not a dead node).
+the watcher reads from its start when it meets a node does not grow with them; stdout gets
+none. An HTTP receiver (``POST /intake/agent``) gets each beat as a line of its own
+(:class:`~relaunch.models.agentwire.HeartbeatLine`). A clean stop removes the file and tells
+the receiver (a stopped agent is not a dead node).
+
+The kernel's own messages (``/dev/kmsg``, or journald's kernel transport: facility 0 only) go
+to an HTTP receiver whole, as :class:`~relaunch.models.agentwire.KernelRecordLine` (the
+receiver writes them into the node's kernel log, which the watcher reads as the kernel's);
+file and stdout sinks get the catalogue's samples of them, as of any kernel log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -37,12 +47,16 @@ from relaunch.connectors.telemetry.kernlog import (
     KernelLine,
     KernelLogError,
     KernelLogFile,
+    KmsgReader,
+    KmsgRecord,
+    boot_id,
     pci_in_line,
 )
 from relaunch.connectors.telemetry.nvml import NvmlCollector
 from relaunch.connectors.telemetry.samples import ChangeFilter, pci_key
 from relaunch.detection.kernel_lines import KernelRecord
 from relaunch.detection.signatures import Catalogue
+from relaunch.models.agentwire import HeartbeatLine, KernelRecordLine
 from relaunch.models.bundle import TelemetrySample, TelemetrySource
 
 log = logging.getLogger(__name__)
@@ -84,11 +98,29 @@ class StdoutSink:
         sys.stdout.flush()
 
 
+KernelSource = KernelLogFile | JournalReader | KmsgReader
+
+
+@dataclass
+class Batch:
+    """What one writer sends at once: samples, the kernel's own records, a heartbeat."""
+
+    samples: list[TelemetrySample] = field(default_factory=list)
+    kernel: list[KernelRecordLine] = field(default_factory=list)
+    beat: HeartbeatLine | None = None
+
+    def add(self, other: Batch) -> None:
+        self.samples.extend(other.samples)
+        self.kernel.extend(other.kernel)
+        self.beat = other.beat or self.beat
+
+
 class HttpSink:
     """POSTs each batch as JSON lines with a bearer token, retrying with backoff.
 
-    A batch that cannot be delivered is kept (up to ``max_pending`` samples, oldest dropped
-    first) and sent with the next one. The token is never logged."""
+    A batch that cannot be delivered is kept (up to ``max_pending`` lines, oldest dropped
+    first) and sent with the next one; a heartbeat is never kept (the next one says more).
+    The token is never logged."""
 
     def __init__(
         self,
@@ -108,18 +140,32 @@ class HttpSink:
         self.backoff = backoff
         self.max_pending = max_pending
         self._client = client
-        self.pending: list[TelemetrySample] = []
+        self._own_client = client is None
+        self.pending: list[str] = []
         self.dropped = 0
+        self.sent_bytes = 0
 
     async def send(self, samples: list[TelemetrySample]) -> None:
-        batch = self.pending + samples
+        await self.send_batch(Batch(samples=list(samples)))
+
+    async def send_batch(self, news: Batch) -> None:
+        """Send ``news`` after what is pending; a heartbeat goes last."""
+        lines = [s.model_dump_json(exclude_none=True) for s in news.samples]
+        lines += [r.model_dump_json(exclude_none=True) for r in news.kernel]
+        batch = self.pending + lines
         if len(batch) > self.max_pending:
             self.dropped += len(batch) - self.max_pending
             batch = batch[-self.max_pending :]
         self.pending = []
-        if not batch:
+        beat = news.beat
+        if beat is not None:
+            beat = beat.model_copy(update={"dropped": self.dropped})
+        if not batch and beat is None:
             return
-        body = "".join(s.model_dump_json(exclude_none=True) + "\n" for s in batch).encode()
+        body = "".join(line + "\n" for line in batch)
+        if beat is not None:
+            body += beat.model_dump_json(exclude_none=True) + "\n"
+        data = body.encode()
         headers = {"Content-Type": "application/x-ndjson"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
@@ -127,22 +173,28 @@ class HttpSink:
         for attempt in range(1, self.attempts + 1):
             status: int | str
             try:
-                if self._client is not None:
-                    response = await self._client.post(
-                        self.url, content=body, headers=headers, timeout=self.timeout
-                    )
-                else:
-                    async with httpx.AsyncClient(timeout=self.timeout) as client:
-                        response = await client.post(self.url, content=body, headers=headers)
+                if self._client is None:
+                    # One client for the sink's life: its connection (and TLS session) is
+                    # kept between batches, so a heartbeat costs one request, not a handshake.
+                    self._client = httpx.AsyncClient(timeout=self.timeout)
+                response = await self._client.post(
+                    self.url, content=data, headers=headers, timeout=self.timeout
+                )
                 status = response.status_code
             except httpx.HTTPError as exc:
                 status = type(exc).__name__
             if isinstance(status, int) and status < 300:
+                self.sent_bytes += len(data)
                 return
             if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
                 log.error(
                     "telemetry POST refused; batch dropped",
-                    extra={"url": self.url, "status": status, "samples": len(batch)},
+                    extra={
+                        "url": self.url,
+                        "status": status,
+                        "samples": len(batch),
+                        "error": _said(response),
+                    },
                 )
                 self.dropped += len(batch)
                 return
@@ -154,6 +206,12 @@ class HttpSink:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 8.0)
         self.pending = batch
+
+    async def close(self) -> None:
+        """Close the connection this sink opened (not a client it was given)."""
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
 
 def kernel_samples(
@@ -207,18 +265,21 @@ def kernel_samples(
 
 
 class Agent:
-    """One node's agent. ``kernel`` is a kernel log file reader, a journal reader, or None."""
+    """One node's agent. ``kernel`` is a kernel log file reader, a journal reader, a
+    ``/dev/kmsg`` reader, or None; ``collector`` is None on a node read for its kernel
+    messages only (no GPU, or ``--no-gpu``)."""
 
     def __init__(
         self,
         *,
         node: str,
-        collector: NvmlCollector,
+        collector: NvmlCollector | None,
         sinks: Sequence[Sink],
         interval: float,
-        kernel: KernelLogFile | JournalReader | None = None,
+        kernel: KernelSource | None = None,
         catalogue: Catalogue | None = None,
         heartbeat: float = 0.0,
+        kmsg_state: Path | None = None,
     ) -> None:
         self.node = node
         self.collector = collector
@@ -227,39 +288,42 @@ class Agent:
         self.kernel = kernel
         self.catalogue = catalogue or Catalogue.load()
         self.heartbeat = heartbeat  # seconds between heartbeats; 0: none
-        # Only files get heartbeats (see the module docstring).
+        self.kmsg_state = kmsg_state
+        # Files and HTTP receivers get heartbeats (see the module docstring).
         self._beating = [sink for sink in self.sinks if isinstance(sink, FileSink)]
+        self._posting = any(isinstance(sink, HttpSink) for sink in self.sinks)
         self._beat_write: asyncio.Future[None] | None = None
         self.changes = ChangeFilter()
-        self._queues: list[asyncio.Queue[list[TelemetrySample] | None]] = [
-            asyncio.Queue() for _ in self.sinks
-        ]
+        self._queues: list[asyncio.Queue[Batch | None]] = [asyncio.Queue() for _ in self.sinks]
         self._kernel_lines = 0
         self._kernel_record = KernelRecord()
 
     async def once(self) -> list[TelemetrySample]:
         """One full sample per GPU, sent to every sink."""
-        samples = await self.collector.read()
+        samples = await self.collector.read() if self.collector is not None else []
         await self._deliver(samples)
         return samples
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sample until ``stop`` is set, then flush what is queued and return."""
-        first = await self.collector.read()
-        self.changes.news(first)
-        self._emit(first)
+        producers: list[asyncio.Task[None]] = []
+        if self.collector is not None:
+            first = await self.collector.read()
+            self.changes.news(first)
+            self._emit(first)
         writers = [
             asyncio.create_task(self._writer(sink, queue), name=f"agent-writer-{i}")
             for i, (sink, queue) in enumerate(zip(self.sinks, self._queues, strict=True))
         ]
-        producers = [
-            asyncio.create_task(self._poll(), name="agent-poll"),
-            asyncio.create_task(self._xids(), name="agent-xid"),
-        ]
+        if self.collector is not None:
+            producers.append(asyncio.create_task(self._poll(), name="agent-poll"))
+            producers.append(asyncio.create_task(self._xids(), name="agent-xid"))
         if self.kernel is not None:
             producers.append(asyncio.create_task(self._kernel(), name="agent-kernel"))
         if self.heartbeat > 0 and self._beating:
             producers.append(asyncio.create_task(self._heartbeats(), name="agent-heartbeat"))
+        if self.heartbeat > 0 and self._posting:
+            producers.append(asyncio.create_task(self._post_beats(), name="agent-post-beat"))
         stopping = asyncio.create_task(stop.wait())
         try:
             done, _ = await asyncio.wait(
@@ -272,6 +336,9 @@ class Agent:
             for task in [stopping, *producers]:
                 task.cancel()
             await asyncio.gather(stopping, *producers, return_exceptions=True)
+            if self._posting:
+                # A clean stop is said to the receiver: a stopped agent is not a dead node.
+                self._emit_http(Batch(beat=self._beat(stopping=True)))
             self._emit(None)
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*writers)
@@ -283,11 +350,56 @@ class Agent:
                 for sink in self._beating:
                     with contextlib.suppress(OSError):
                         await sink.stop_beating()
+            if isinstance(self.kernel, KmsgReader):
+                self.kernel.close()
+            for poster in self.sinks:
+                if isinstance(poster, HttpSink):
+                    with contextlib.suppress(httpx.HTTPError, OSError):
+                        await poster.close()
 
     def _emit(self, samples: list[TelemetrySample] | None) -> None:
         """Queue ``samples`` for every sink (None: the last batch, then the writers end)."""
         for queue in self._queues:
-            queue.put_nowait(samples)
+            queue.put_nowait(None if samples is None else Batch(samples=list(samples)))
+
+    def _emit_http(self, batch: Batch) -> None:
+        """Queue ``batch`` for the HTTP receivers only."""
+        for sink, queue in zip(self.sinks, self._queues, strict=True):
+            if isinstance(sink, HttpSink):
+                queue.put_nowait(batch)
+
+    def _emit_local(self, samples: list[TelemetrySample]) -> None:
+        """Queue ``samples`` for the file and stdout sinks only."""
+        for sink, queue in zip(self.sinks, self._queues, strict=True):
+            if not isinstance(sink, HttpSink):
+                queue.put_nowait(Batch(samples=list(samples)))
+
+    def _beat(self, *, stopping: bool = False) -> HeartbeatLine:
+        kernel = self.kernel
+        source = None
+        seq = None
+        lost = 0
+        if isinstance(kernel, KmsgReader):
+            source, seq, lost = "kmsg", kernel.stats.last_seq, kernel.stats.lost
+        elif isinstance(kernel, JournalReader):
+            source = "journal"
+        elif isinstance(kernel, KernelLogFile):
+            source = "file"
+        return HeartbeatLine(
+            node=self.node,
+            time=datetime.now(UTC),
+            pid=os.getpid(),
+            stopping=stopping,
+            kernel_source=source,
+            kmsg_seq=seq,
+            kernel_lost=lost,
+        )
+
+    async def _post_beats(self) -> None:
+        """A heartbeat line to each HTTP receiver every ``heartbeat`` seconds."""
+        while True:
+            self._emit_http(Batch(beat=self._beat()))
+            await asyncio.sleep(self.heartbeat)
 
     async def _heartbeats(self) -> None:
         """A heartbeat every ``heartbeat`` seconds to each file sink, whatever NVML does (a
@@ -315,6 +427,7 @@ class Agent:
             await asyncio.sleep(self.heartbeat)
 
     async def _poll(self) -> None:
+        assert self.collector is not None
         while True:
             await asyncio.sleep(self.interval)
             news = self.changes.news(await self.collector.read())
@@ -322,6 +435,7 @@ class Agent:
                 self._emit(news)
 
     async def _xids(self) -> None:
+        assert self.collector is not None
         while True:
             try:
                 events = await self.collector.wait_xid(min(self.interval, 1.0))
@@ -346,18 +460,104 @@ class Agent:
             while True:
                 self._take_kernel(kernel.read())
                 await asyncio.sleep(min(self.interval, 1.0))
+        elif isinstance(kernel, KmsgReader):
+            await self._kmsg(kernel)
         elif isinstance(kernel, JournalReader):
             while True:
                 try:
                     async for line in kernel.follow():
-                        self._take_kernel([line])
+                        # journalctl -k gives journald's kernel transport, which also holds
+                        # what root wrote to /dev/kmsg (SYSLOG_FACILITY=1): never the kernel's.
+                        if line.kernel:
+                            self._take_kernel([line], trusted=True)
                 except KernelLogError as exc:
                     log.warning("journal read failed", extra={"error": exc.message})
                 await asyncio.sleep(self.interval)
 
-    def _take_kernel(self, lines: list[KernelLine]) -> None:
+    async def _kmsg(self, kernel: KmsgReader) -> None:
+        """Read /dev/kmsg when it has something (poll(2) on the device), a file or FIFO of
+        records every quarter of a second."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        watched = False
+        if kernel.device:
+            loop.add_reader(kernel.fileno(), ready.set)
+            watched = True
+        said_lost = 0
+        try:
+            while True:
+                records = kernel.read()
+                if records:
+                    self._take_kmsg(kernel, records)
+                if kernel.stats.lost > said_lost:
+                    log.warning(
+                        "kernel records overwritten before they were read",
+                        extra={"lost": kernel.stats.lost - said_lost},
+                    )
+                    said_lost = kernel.stats.lost
+                if watched:
+                    ready.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ready.wait(), 5)
+                else:
+                    await asyncio.sleep(0.25)
+        finally:
+            if watched:
+                loop.remove_reader(kernel.fileno())
+
+    def _take_kmsg(self, kernel: KmsgReader, records: list[KmsgRecord]) -> None:
+        lines = kernel.lines(records)
+        if self._posting:
+            self._emit_http(
+                Batch(
+                    kernel=[
+                        KernelRecordLine(
+                            node=self.node,
+                            source="kmsg",
+                            facility=r.facility,
+                            level=r.level,
+                            seq=r.seq,
+                            usec=r.usec,
+                            time=line.time or datetime.now(UTC),
+                            text=r.text,
+                        )
+                        for r, line in zip(records, lines, strict=True)
+                    ]
+                )
+            )
+        self._take_kernel(lines, trusted=True, post=False)
+        if self.kmsg_state is not None and kernel.stats.last_seq is not None:
+            try:
+                save_kmsg_state(self.kmsg_state, kernel.stats.last_seq)
+            except OSError as exc:
+                log.warning("kmsg state not saved", extra={"error": str(exc)})
+
+    def _take_kernel(
+        self, lines: list[KernelLine], *, trusted: bool = False, post: bool = True
+    ) -> None:
+        """Match ``lines`` against the catalogue; their samples go to every sink, or with
+        ``post`` False (the records themselves went to the HTTP receivers) to the file and
+        stdout sinks only. A trusted journal line (the kernel's transport, facility 0) goes
+        to the receivers whole."""
         if not lines:
             return
+        if trusted and post and self._posting:
+            self._emit_http(
+                Batch(
+                    kernel=[
+                        KernelRecordLine(
+                            node=self.node,
+                            source="journal",
+                            facility=0,
+                            level=line.level if line.level is not None else 6,
+                            time=line.time or datetime.now(UTC),
+                            text=line.text,
+                        )
+                        for line in lines
+                    ]
+                )
+            )
+            post = False
         samples = kernel_samples(
             lines,
             self.catalogue,
@@ -367,35 +567,70 @@ class Agent:
         )
         self._kernel_lines += len(lines)
         if samples:
-            self._emit(samples)
+            if post:
+                self._emit(samples)
+            else:
+                self._emit_local(samples)
 
-    async def _writer(self, sink: Sink, queue: asyncio.Queue[list[TelemetrySample] | None]) -> None:
+    async def _writer(self, sink: Sink, queue: asyncio.Queue[Batch | None]) -> None:
         """Send what is queued for ``sink``, batching what piled up while it was busy."""
         while True:
-            batch = await queue.get()
-            done = batch is None
-            samples = list(batch or [])
+            first = await queue.get()
+            done = first is None
+            batch = Batch()
+            if first is not None:
+                batch.add(first)
             while not queue.empty():
                 more = queue.get_nowait()
                 if more is None:
                     done = True
                 else:
-                    samples.extend(more)
-            await self._send(sink, samples)
+                    batch.add(more)
+            await self._send(sink, batch)
             if done:
                 return
 
     async def _deliver(self, samples: list[TelemetrySample]) -> None:
         for sink in self.sinks:
-            await self._send(sink, samples)
+            await self._send(sink, Batch(samples=samples))
 
     @staticmethod
-    async def _send(sink: Sink, samples: list[TelemetrySample]) -> None:
-        if not samples:
-            return
+    async def _send(sink: Sink, batch: Batch) -> None:
         try:
-            await sink.send(samples)
+            if isinstance(sink, HttpSink):
+                await sink.send_batch(batch)
+            elif batch.samples:
+                await sink.send(batch.samples)
         except OSError as exc:
             log.error(
                 "telemetry sink failed", extra={"sink": type(sink).__name__, "error": str(exc)}
             )
+
+
+def _said(response: httpx.Response) -> str:
+    """The start of a receiver's answer (its error), for the log."""
+    try:
+        return response.text[:300]
+    except (UnicodeDecodeError, httpx.HTTPError):
+        return ""
+
+
+def load_kmsg_state(path: Path) -> int | None:
+    """The last /dev/kmsg sequence number an earlier run of this boot sent on, or None (no
+    file, another boot, unreadable)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("boot_id") != boot_id():
+        return None
+    seq = saved.get("seq")
+    return seq if isinstance(seq, int) and seq >= 0 else None
+
+
+def save_kmsg_state(path: Path, seq: int) -> None:
+    """Remember ``seq`` for this boot (written aside, then renamed over the old file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps({"boot_id": boot_id(), "seq": seq}) + "\n")
+    os.replace(temporary, path)

@@ -284,4 +284,5 @@ def test_heartbeat_interval_is_checked() -> None:
     assert "0 (off) or between 0.5 and 3600" in result.output
     said = " ".join(CliRunner().invoke(agent, ["--help"]).output.split())
     assert "replaces the small file `heartbeat` beside it (never a telemetry line)" in said
-    assert "stdout and --post receivers get no heartbeats" in said
+    assert "a --post receiver gets a heartbeat line" in said
+    assert "stdout gets no heartbeats" in said

@@ -1,6 +1,7 @@
 """Signals pushed in, one module per intake: ``POST /intake/alertmanager`` (alertmanager.py),
 ``POST /intake/slurm`` (slurm.py), ``POST /intake/health`` (node-health events, health.py) and
-the repair system's callback ``POST /intake/repair`` (repair.py), over what they share
+the repair system's callback ``POST /intake/repair`` (repair.py), node agents' batches ``POST
+/intake/agent`` (agent.py: the kernel's own messages, telemetry, heartbeats), over what they share
 (common.py: the token and cluster, the capped body, the rate per token, audit rows, delivery).
 
 Each request is addressed to one cluster the console serves (``?cluster=NAME``, or a Slurm
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from relaunch.console.intake import alertmanager, health, repair, slurm
+from relaunch.console.intake import agent, alertmanager, health, repair, slurm
 from relaunch.console.intake.common import MAX_BODY, IntakeRefused, intake_incident
 
 __all__ = ["MAX_BODY", "IntakeRefused", "intake_incident", "routes"]
@@ -27,4 +28,5 @@ def routes() -> list[Route]:
         Route("/intake/slurm", slurm.slurm, methods=["POST"]),
         Route("/intake/repair", repair.repair, methods=["POST"]),
         *health.routes(),
+        *agent.routes(),
     ]

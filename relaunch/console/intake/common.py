@@ -73,7 +73,10 @@ def authorize(request: Request, c: Console, role: ConsoleRole = ConsoleRole.INTA
     if user is None:
         raise IntakeRefused(401, "unknown or revoked token", "authorization")
     if not user.can(role):
-        what = "an intake sender" if role is ConsoleRole.INTAKE else "a repair sender"
+        what = {
+            ConsoleRole.INTAKE: "an intake sender",
+            ConsoleRole.AGENT: "a node's agent",
+        }.get(role, "a repair sender")
         raise IntakeRefused(
             403, f"{user.name} is a {user.role}, not {what} (this takes a {role.value} token)", None
         )
@@ -133,6 +136,15 @@ def target_cluster(request: Request, c: Console, user: User, named: object = Non
 async def json_body(request: Request) -> Any:
     """The body, read as it streams in and refused (413) as soon as it passes MAX_BODY: a
     chunked body declares no length, and is never read whole before its size is known."""
+    body = await read_body(request)
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IntakeRefused(400, f"body is not valid JSON: {exc}", "body") from exc
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body, read as it streams in, refused (413) as soon as it passes MAX_BODY."""
     try:
         declared = int(request.headers.get("content-length") or 0)
     except ValueError as exc:
@@ -146,11 +158,7 @@ async def json_body(request: Request) -> Any:
         if size > MAX_BODY:
             raise IntakeRefused(413, f"body larger than {MAX_BODY} bytes", "body")
         chunks.append(chunk)
-    body = b"".join(chunks)
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise IntakeRefused(400, f"body is not valid JSON: {exc}", "body") from exc
+    return b"".join(chunks)
 
 
 async def addressed(
