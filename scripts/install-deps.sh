@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge curl openssh-server openssh-client chromium prometheus-alertmanager nftables)
+packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin slurmdbd slurm-wlm-mysql-plugin mariadb-server munge curl openssh-server openssh-client chromium prometheus-alertmanager nftables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
