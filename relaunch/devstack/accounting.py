@@ -63,11 +63,11 @@ def settings(layout: SlurmLayout) -> dict[str, object]:
 
 
 def dbd_port(layout: SlurmLayout) -> int:
-    return int(settings(layout)["dbd_port"])  # type: ignore[call-overload]
+    return int(str(settings(layout)["dbd_port"]))
 
 
 def db_port(layout: SlurmLayout) -> int:
-    return int(settings(layout)["db_port"])  # type: ignore[call-overload]
+    return int(str(settings(layout)["db_port"]))
 
 
 def conf_lines(layout: SlurmLayout) -> str:

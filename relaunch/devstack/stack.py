@@ -47,7 +47,7 @@ from relaunch.devstack.slurm_release import (
     write_wrappers,
 )
 from relaunch.devstack.status import StackStatus, stack_status
-from relaunch.models.config import ClusterConfig, ConsoleSettings
+from relaunch.models.config import ClusterConfig, ConsoleSettings, WatchSettings
 from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.lifecycle import HealthCheck, LifecycleSettings
 from relaunch.models.scheduler import NodeState
@@ -383,6 +383,8 @@ class Stack:
             telemetry_pattern=home.telemetry_pattern(),
             console=self.console_settings(),
             lifecycle=self.lifecycle_settings(home),
+            # The watcher's last good poll: a restarted watcher catches up from there.
+            watch=WatchSettings(state_file=str(home.root / "watch-state.json")),
         )
 
     def lifecycle_settings(self, home: ClusterHome) -> LifecycleSettings:
