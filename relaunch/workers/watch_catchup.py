@@ -39,6 +39,7 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel
 
@@ -111,6 +112,14 @@ class CaughtUp(BaseModel):
         )
 
 
+class Sink(Protocol):
+    """Where caught-up job ends go (CatchUpSink: the audit trail)."""
+
+    async def handled(self, cluster: str, job: Job) -> bool: ...
+
+    async def record(self, caught: Sequence[CaughtUp]) -> int: ...
+
+
 class CatchUpSink:
     """Where caught-up ends go: the audit trail (opened on first use, as the drains' store)."""
 
@@ -161,7 +170,7 @@ class CatchUp:
         cluster: str,
         read_ended: ReadEnded,
         watches: Callable[[Job], bool],
-        sink: CatchUpSink,
+        sink: Sink,
         *,
         window_s: float,
         gap_s: float,
