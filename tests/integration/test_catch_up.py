@@ -29,9 +29,18 @@ from relaunch.workers.watch_catchup import CAUGHT_UP, MISSED
 from relaunch.workers.watch_main import run_watch
 
 pytestmark = [pytest.mark.xdist_group("catch_up")]
+# Both releases, or the one a run of the suite is for (RELAUNCH_TEST_SLURM, tests/conftest.py).
+RELEASES = (
+    [os.environ["RELAUNCH_TEST_SLURM"]]
+    if os.environ.get("RELAUNCH_TEST_SLURM")
+    else [
+        "22.05",
+        "24.11",
+    ]
+)
 
 
-@pytest.fixture(scope="module", params=["22.05", "24.11"])
+@pytest.fixture(scope="module", params=RELEASES)
 def acct_stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="relaunch-catchup-"))
     root.chmod(0o755)
