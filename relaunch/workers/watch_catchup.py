@@ -189,6 +189,7 @@ class CatchUp:
         self._last_good: datetime | None = self._load()
         self._pending: datetime | None = None  # the start of a window not yet caught up
         self._retry_at = 0.0
+        self._failing = False
         self._persisted_at = -1e18
         self._task: asyncio.Task[None] | None = None
         self.runs = 0
@@ -260,14 +261,17 @@ class CatchUp:
             return
         except (RelaunchError, OSError) as exc:
             self._retry_at = clock + RETRY_S
-            logger.warning(
-                "catch-up from accounting failed (trying again in %.0fs): %s", RETRY_S, exc
-            )
+            # Said once per outage (sacct missing, slurmdbd or the database down), not every
+            # RETRY_S.
+            level = logging.DEBUG if self._failing else logging.WARNING
+            self._failing = True
+            logger.log(level, "catch-up from accounting failed (retrying): %s", exc)
             return
         except Exception:
             self._retry_at = clock + RETRY_S
             logger.exception("catch-up from accounting failed unexpectedly")
             return
+        self._failing = False
         self.runs += 1
         self.found = caught
         if self._pending == since:

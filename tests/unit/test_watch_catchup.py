@@ -138,7 +138,9 @@ async def test_state_file_starts_the_next_window_and_is_bounded(tmp_path: Path) 
     assert acct.asked[-1][0] == T0 + timedelta(days=1) - timedelta(hours=1)
 
 
-async def test_a_failed_read_is_tried_again_and_never_skipped(tmp_path: Path) -> None:
+async def test_a_failed_read_is_tried_again_and_never_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     state = tmp_path / "watch-state.json"
     state.write_text(json.dumps({"last_good_poll": T0.isoformat()}))
     acct = Accounting([])
@@ -149,6 +151,11 @@ async def test_a_failed_read_is_tried_again_and_never_skipped(tmp_path: Path) ->
     assert json.loads(state.read_text())["last_good_poll"] == T0.isoformat()
     await _poll(c, T0 + timedelta(minutes=10, seconds=1), clock=101.0)
     assert len(acct.asked) == 1  # not at every poll: RETRY_S later
+    assert any("failed" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="relaunch.workers.watch_catchup"):
+        await _poll(c, T0 + timedelta(minutes=10, seconds=40), clock=140.0)
+    assert len(acct.asked) == 2 and not caplog.records  # said once, at the first failure
     acct.fail = None
     await _poll(c, T0 + timedelta(minutes=11), clock=200.0)
     assert acct.asked[-1] == (T0, T0 + timedelta(minutes=11))
