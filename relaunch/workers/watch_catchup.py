@@ -61,6 +61,12 @@ RETRY_S = 30.0  # a catch-up that failed (sacct, the database) is tried again th
 ReadEnded = Callable[[datetime, datetime, int], Awaitable[EndedJobs]]
 
 
+def caught_up_key(cluster: str, job: Job) -> str:
+    """One row per job end: the cluster, the job id and its end time."""
+    ended = job.end_time.isoformat() if job.end_time else "-"
+    return f"{intake_incident(cluster)}:{CAUGHT_UP}:{job.job_id}:{ended}"
+
+
 class CaughtUp(BaseModel):
     """One job end found in accounting that no poll saw, and what became of it."""
 
@@ -71,8 +77,7 @@ class CaughtUp(BaseModel):
 
     @property
     def key(self) -> str:
-        ended = self.job.end_time.isoformat() if self.job.end_time else "-"
-        return f"{intake_incident(self.cluster)}:{CAUGHT_UP}:{self.job.job_id}:{ended}"
+        return caught_up_key(self.cluster, self.job)
 
     @property
     def recovery(self) -> str:
@@ -145,9 +150,7 @@ class CatchUpSink:
             )
             if await cur.fetchone() is not None:
                 return True
-        return await store.has_dedupe_key(
-            CaughtUp(cluster=cluster, job=job, outcome="", seen_at=since).key
-        )
+        return await store.has_dedupe_key(caught_up_key(cluster, job))
 
     async def record(self, caught: Sequence[CaughtUp]) -> int:
         store = await self._open()
