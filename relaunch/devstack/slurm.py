@@ -12,13 +12,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from relaunch.devstack import procs
+from relaunch.devstack import accounting, procs
 from relaunch.devstack.slurm_release import HOST_RELEASE
 from relaunch.models.errors import StackError
 
 # The OpenAPI plugin each release's slurmrestd serves in the dev stack: 22.05 names a version;
 # 24.11 serves slurmctld's endpoints with every data parser it carries (v0.0.40-v0.0.42).
 RESTD_PLUGINS = {"22.05": "openapi/v0.0.38", "24.11": "openapi/slurmctld"}
+NO_ACCOUNTING = "AccountingStorageType=accounting_storage/none\n"
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmrestd", "munge")
 
 
@@ -37,6 +38,7 @@ class SlurmLayout(BaseModel):
     preemption: bool = False
     max_job_count: int | None = None
     min_job_age: int = 600
+    accounting: bool = False  # slurmdbd and MariaDB: devstack/accounting.py
     release: str = HOST_RELEASE
     slurm_root: Path | None = None  # the Debian root of a release that is not the host's
 
@@ -91,6 +93,8 @@ class SlurmLayout(BaseModel):
 
 
 def require_binaries(layout: SlurmLayout) -> None:
+    if layout.accounting:
+        accounting.require_binaries(layout)
     if layout.slurm_root is not None:
         return  # the release's own root carries every binary
     missing = [
@@ -120,6 +124,8 @@ def write_conf(layout: SlurmLayout) -> None:
     if layout.node_cpus != 2:
         # slurmd -N reports the machine's real CPU count; accept the configured one instead.
         extra += "SlurmdParameters=config_overrides\n"
+    # Accounting (opt-in): slurmdbd, which the stack runs beside slurmctld (accounting.py).
+    extra += accounting.conf_lines(layout) if layout.accounting else NO_ACCOUNTING
     if layout.max_job_count is not None:
         extra += f"MaxJobCount={layout.max_job_count}\nMaxArraySize={layout.max_job_count}\n"
     partitions = f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP"
@@ -165,7 +171,6 @@ MinJobAge={layout.min_job_age}
 MpiDefault=none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
 {extra}{node_lines}
 {partitions}
 """

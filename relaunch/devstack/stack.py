@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.console.auth import ConsoleRole, write_tokens
-from relaunch.devstack import procs, services
+from relaunch.devstack import accounting, procs, services
 from relaunch.devstack.clusters import CLUSTER_SERVICES, ClusterHome, MoreCluster, free_port_block
 from relaunch.devstack.faults import GPU_FAULT_MARKER
 from relaunch.devstack.slurm import (
@@ -47,7 +47,7 @@ from relaunch.devstack.slurm_release import (
     write_wrappers,
 )
 from relaunch.devstack.status import StackStatus, stack_status
-from relaunch.models.config import ClusterConfig, ConsoleSettings
+from relaunch.models.config import ClusterConfig, ConsoleSettings, WatchSettings
 from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.lifecycle import HealthCheck, LifecycleSettings
 from relaunch.models.scheduler import NodeState
@@ -82,6 +82,11 @@ class StackConfig(BaseModel):
     max_job_count: int | None = Field(default=None, description="Slurm's MaxJobCount")
     min_job_age: int = Field(
         default=600, ge=2, description="Slurm's MinJobAge: how long an ended job stays listed"
+    )
+    accounting: bool = Field(
+        default=False,
+        description="slurmdbd with a private MariaDB, so that sacct answers "
+        "(devstack/accounting.py); off by default: it costs start-up time and memory",
     )
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
@@ -189,6 +194,7 @@ class Stack:
             preemption=config.preemption,
             max_job_count=config.max_job_count,
             min_job_age=config.min_job_age,
+            accounting=config.accounting,
             release=config.slurm,
             slurm_root=root_dir(config.slurm) if config.slurm in ROOT_RELEASES else None,
         )
@@ -291,6 +297,9 @@ class Stack:
         if not munge_healthy(slurm):
             progress(f"starting munged{self._of(home)}")
         start_munge(slurm)
+        if slurm.accounting and not accounting.healthy(slurm):
+            progress(f"starting MariaDB and slurmdbd{self._of(home)} (accounting)")
+            accounting.start(slurm)
         if not slurm.conf.exists():
             write_conf(slurm)
         if ctld_pid(slurm) is None or any(slurmd_pid(slurm, n) is None for n in slurm.nodes):
@@ -373,6 +382,8 @@ class Stack:
             telemetry_pattern=home.telemetry_pattern(),
             console=self.console_settings(),
             lifecycle=self.lifecycle_settings(home),
+            # The watcher's last good poll: a restarted watcher catches up from there.
+            watch=WatchSettings(state_file=str(home.root / "watch-state.json")),
         )
 
     def lifecycle_settings(self, home: ClusterHome) -> LifecycleSettings:

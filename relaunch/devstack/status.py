@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from relaunch.devstack import procs, services
+from relaunch.devstack import accounting, procs, services
 from relaunch.devstack.slurm import (
     ctld_pid,
     munge_healthy,
@@ -139,4 +139,19 @@ def cluster_parts(stack: Stack, home: ClusterHome) -> list[Part]:
             healthy=restd_jwt_healthy(slurm),
         )
     )
+    if slurm.accounting:
+        parts += [
+            Part(
+                name=f"mariadb{of} (accounting)",
+                address=f"127.0.0.1:{accounting.db_port(slurm)}",
+                pid=accounting.db_pid(slurm),
+                healthy=accounting.db_pid(slurm) is not None,
+            ),
+            Part(
+                name=f"slurmdbd{of}",
+                address=f"127.0.0.1:{accounting.dbd_port(slurm)}",
+                pid=accounting.dbd_pid(slurm),
+                healthy=accounting.healthy(slurm),
+            ),
+        ]
     return parts

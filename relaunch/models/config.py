@@ -95,6 +95,28 @@ class WatchSettings(BaseModel):
         description="a node whose agent (`relaunch agent --heartbeat`, 5 s by default) sent a "
         "heartbeat and then none for this long is reported; three missed beats",
     )
+    catch_up_window_s: float = Field(
+        default=4 * 3600.0,
+        ge=0,
+        le=7 * 86400,
+        description="after the watcher was down (or could not list jobs), job ends it missed "
+        "are read from Slurm's accounting (sacct) this far back at most; 0: off "
+        "(docs/catch-up.md)",
+    )
+    catch_up_gap_s: float = Field(
+        default=60.0,
+        ge=5,
+        le=86400,
+        description="a gap between two good polls longer than this is caught up from accounting",
+    )
+    catch_up_max_jobs: int = Field(
+        default=1000, ge=1, le=5000, description="ended jobs read from accounting per catch-up"
+    )
+    state_file: str | None = Field(
+        default=None,
+        description="where the watcher keeps the time of its last good poll, so that a "
+        "restarted watcher catches up from there (without it: catch_up_window_s back)",
+    )
 
 
 class ConfigPolicy(Policy):

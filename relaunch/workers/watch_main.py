@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from datetime import datetime
+from pathlib import Path
 
 from relaunch.connectors.liveness import LivenessMonitor, make_prober
+from relaunch.connectors.slurm.accounting import EndedJobs
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
@@ -19,8 +22,9 @@ from relaunch.models.config import ClusterConfig, ProbeMethod
 from relaunch.models.errors import RelaunchError
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, RestartMethod
-from relaunch.models.scheduler import Job, Node
+from relaunch.models.scheduler import Job, Node, watched
 from relaunch.models.tracing import ATTR_INCIDENT
+from relaunch.workers.watch_catchup import CatchUp, CatchUpSink
 from relaunch.workers.watch_drains import AuditDrainRecorder
 from relaunch.workers.watcher import WatchConfig, Watcher
 from relaunch.workflows import recovery_client
@@ -110,6 +114,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     reports = policy.node_decisions and policy.restart_method is RestartMethod.REQUEUE
     probe_runner, liveness = await liveness_monitor(config)
     drains = AuditDrainRecorder(config.database_url)  # external drains: watch_drains.py
+    caught_up = CatchUpSink(config.database_url)  # missed job ends: watch_catchup.py
     watcher = Watcher(
         watch_config(config),
         BriefSchedulerView(scheduler),
@@ -119,6 +124,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
         report_acts_alone=lambda report: policy.acts_alone(report.partitions, report.category),
         on_follow_ups=on_follow_ups,
         on_external_drains=drains,
+        catch_up=catch_up(config, scheduler, caught_up),
     )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -130,11 +136,43 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     finally:
         await close_scheduler(scheduler)
         await drains.close()
+        await caught_up.close()
         if liveness is not None:
             await liveness.prober.close()
         if probe_runner is not None:
             await probe_runner.close()
         tracing.shutdown()
+
+
+def catch_up(config: ClusterConfig, scheduler: SlurmCli, sink: CatchUpSink) -> CatchUp:
+    """The catch-up from accounting ``config.watch`` asks for (watch_catchup.py): the same
+    jobs as the live watcher's (``watched``), ended jobs read through ``sacct``."""
+    watch = config.watch
+
+    def watches(job: Job) -> bool:
+        return watched(
+            job, config.name, partitions=watch.partitions, opt_in_comment=watch.opt_in_comment
+        )
+
+    async def read(since: datetime, until: datetime, limit: int) -> EndedJobs:
+        return await scheduler.ended_jobs(since, until, limit=limit)
+
+    catch = CatchUp(
+        config.name,
+        read,
+        watches,
+        sink,
+        window_s=watch.catch_up_window_s,
+        gap_s=watch.catch_up_gap_s,
+        limit=watch.catch_up_max_jobs,
+        state_file=Path(watch.state_file) if watch.state_file else None,
+    )
+    if catch.enabled:
+        log.info(
+            "job ends missed while not watching are read from accounting, %.0fs back at most",
+            watch.catch_up_window_s,
+        )
+    return catch
 
 
 async def liveness_monitor(

@@ -34,6 +34,8 @@ Choices worth knowing:
 - A node that failed by trusted evidence is also reported to its node decision, and the later
   signs of an interruption already handed over are held and handed over together:
   relaunch/workers/watch_handover.py.
+- Job ends missed while the watcher was down (or could not list) are read from Slurm's
+  accounting at the first good poll after: relaunch/workers/watch_catchup.py.
 - Drains of watched jobs' nodes that Relaunch did not make (NHC, an admin) are read back from
   the poll's node listing and recorded once each: relaunch/workers/watch_drains.py.
 """
@@ -77,6 +79,7 @@ from relaunch.models.scheduler import (
     NodeState,
     watched,
 )
+from relaunch.workers.watch_catchup import CatchUp
 from relaunch.workers.watch_drains import DrainRecorder, ExternalDrains
 from relaunch.workers.watch_handover import (
     REPORT_LEAD_S,
@@ -176,6 +179,7 @@ class Watcher:
         report_acts_alone: Callable[[NodeReport], bool] | None = None,
         on_follow_ups: FollowUpHandler | None = None,
         on_external_drains: DrainRecorder | None = None,
+        catch_up: CatchUp | None = None,
     ) -> None:
         self.config = config
         self.stats = WatchStats()
@@ -189,6 +193,7 @@ class Watcher:
         self._reports = NodeReports(on_node_report, self._running_on, report_acts_alone)
         self._nodes: dict[str, NodeFeed] = {}
         self._drains = ExternalDrains(config.cluster, on_external_drains)
+        self._catch_up = catch_up  # job ends missed while not looking: watch_catchup.py
         self._pass = 0
         # Held through a pass (a poll's or a log read's): a pass may wait for the node reports
         # it found to go out, and no other pass may start meanwhile (each node's feed is read
@@ -219,7 +224,9 @@ class Watcher:
         else:
             wall = now if now.tzinfo else now.replace(tzinfo=UTC)
             clock = wall.timestamp()
-        jobs = [job for job in await self._scheduler.list_jobs() if self.watches(job)]
+        listing = await self._scheduler.list_jobs()
+        polled_at = wall
+        jobs = [job for job in listing if self.watches(job)]
         nodes: dict[str, Node] = {}
         # The nodes while a job runs, or while a recovery waits to see its node drained (its
         # job requeued ahead by the node's decision may run nowhere meanwhile).
@@ -248,6 +255,8 @@ class Watcher:
         self.stats.detections += len(found)
         self.stats.last_poll_s = time.monotonic() - started
         self._slow_pass("poll", self.stats.last_poll_s)
+        if self._catch_up is not None:
+            self._catch_up.after_poll(polled_at, {j.job_id for j in listing}, time.monotonic())
         return found
 
     async def _send_reports(self) -> None:
@@ -381,6 +390,8 @@ class Watcher:
                         await task
             await self._reports.wait(timeout=10)
             await self._drains.wait(timeout=5)
+            if self._catch_up is not None:
+                await self._catch_up.wait(timeout=10)
             found.set()  # a last handover of what is pending, then stop
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(handover, timeout=10)

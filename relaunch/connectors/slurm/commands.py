@@ -14,10 +14,11 @@ import pwd
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from relaunch.connectors.liveness import Prober, make_prober
-from relaunch.connectors.slurm import parse
+from relaunch.connectors.slurm import accounting, parse
 from relaunch.connectors.slurm.fresh import FreshRead
 from relaunch.connectors.slurm.maintenance import NodeMaintenance
 from relaunch.connectors.slurm.runner import (
@@ -240,6 +241,19 @@ class SlurmCli:
 
     async def list_nodes(self) -> list[Node]:
         return list(await self._node_reads())
+
+    async def ended_jobs(
+        self, since: datetime, now: datetime, *, limit: int = accounting.MAX_ROWS
+    ) -> accounting.EndedJobs:
+        """Jobs that ended abnormally (accounting.ENDED_STATES) between ``since`` and ``now``,
+        from Slurm's accounting (``sacct --json``, bounded: see connectors/slurm/accounting.py),
+        oldest end first, at most ``limit``. AccountingDisabledError where the cluster keeps
+        no accounting."""
+        result = await self._run(accounting.sacct_argv(since, now))
+        if result.returncode != 0:
+            accounting.raise_disabled(result.stderr + result.stdout)
+            raise failure(result)
+        return accounting.ended_jobs(result.stdout, since=since, until=now, limit=limit)
 
     async def _read_nodes(self) -> list[Node]:
         if self._nodes_from_scontrol:
