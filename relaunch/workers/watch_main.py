@@ -9,6 +9,7 @@ import asyncio
 import logging
 import signal
 
+from relaunch.connectors.audit import refuse_behind_schema
 from relaunch.connectors.liveness import LivenessMonitor, make_prober
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
@@ -62,6 +63,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
 
 
 async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) -> None:
+    await refuse_behind_schema(config.database_url)  # never migrates: `relaunch db migrate`
     scheduler = slurm_scheduler(config)  # reads the slurmrestd JWT key, if any, now
     tracing = start_tracing(config, "watch")
     client = await connect(config, tracing.interceptors)
