@@ -156,18 +156,12 @@ def register(cli: click.Group) -> None:
         config_path: Path | None, cluster: str, state_dir: Path, dsn_env: str | None
     ) -> None:
         """Print the schema's version and the one this release needs; exits 1 when behind."""
-        from relaunch.connectors.audit import MIGRATE_COMMAND, SCHEMA_VERSION, schema_version
-        from relaunch.connectors.db_setup import connect_database
-
-        async def go(url: str) -> int:
-            conn = await connect_database(url)
-            try:
-                return await schema_version(conn)
-            finally:
-                await conn.close()
+        from relaunch.connectors.audit import MIGRATE_COMMAND, SCHEMA_VERSION
+        from relaunch.connectors.db_setup import read_version
 
         try:
-            version = asyncio.run(go(_dsn(load_config(config_path, cluster, state_dir), dsn_env)))
+            config = load_config(config_path, cluster, state_dir)
+            version = asyncio.run(read_version(_dsn(config, dsn_env)))
         except RelaunchError as exc:
             _fail(exc)
         click.echo(f"schema version {version}; this Relaunch needs {SCHEMA_VERSION}")

@@ -79,6 +79,20 @@ async def migrate_database(database_url: str) -> Migrated:
         await conn.close()
 
 
+async def read_version(database_url: str) -> int:
+    """The schema's version (`relaunch db status`); a role without the grants is told so."""
+    conn = await connect_database(database_url)
+    try:
+        return await schema_version(conn)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise DatabaseSetupError(
+            f"this role may not read the schema's version: {exc.diag.message_primary or exc}",
+            hint="grant it the services' rights: `relaunch setup db --print-grants ROLE`",
+        ) from exc
+    finally:
+        await conn.close()
+
+
 def migrate_now(database_url: str) -> Migrated:
     """``migrate_database`` from synchronous code (the dev stack, tests), whether or not an
     event loop runs in this thread."""

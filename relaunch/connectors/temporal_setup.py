@@ -113,8 +113,18 @@ async def _create_namespace(client: Client, namespace: str, retention: timedelta
     except RPCError as exc:
         if exc.status != RPCStatusCode.ALREADY_EXISTS:  # another caller just made it: fine
             raise _rights_or(exc, f"create namespace {namespace}") from exc
+    # Visible to every service of the frontend once its namespace cache refreshes (the
+    # workflow service may answer for it before the operator service does).
     deadline = time.monotonic() + NAMESPACE_VISIBLE_S
-    while await _retention(client, namespace) is None:
+    while True:
+        try:
+            await client.operator_service.list_search_attributes(
+                ListSearchAttributesRequest(namespace=namespace), timeout=RPC_TIMEOUT
+            )
+            return
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise _rights_or(exc, f"list the search attributes of {namespace}") from exc
         if time.monotonic() > deadline:
             raise TemporalSetupError(
                 f"namespace {namespace} was created but is not visible after "
