@@ -13,7 +13,6 @@ import click
 from relaunch.cli.exits import fail as _fail
 from relaunch.cli.incidents import config_options, load_config
 from relaunch.cli.terminal import printable
-from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 
 DSN_ENV_OPTION = click.option(
@@ -22,24 +21,28 @@ DSN_ENV_OPTION = click.option(
     default=None,
     metavar="NAME",
     help="Take the database DSN from the environment variable NAME instead of the "
-    "configuration's database_url: the owner role's DSN, when the services run under "
-    "another role.",
+    "configuration's database_url (then --config is optional): the owner role's DSN, when "
+    "the services run under another role.",
 )
 
 
-def _dsn(config: ClusterConfig, dsn_env: str | None) -> str:
+def _dsn(config_path: Path | None, cluster: str, state_dir: Path, dsn_env: str | None) -> str:
+    """The DSN: from ``--dsn-env`` (then no configuration is needed), else the
+    configuration's ``database_url``."""
     if dsn_env is None:
-        return config.database_url
+        return load_config(config_path, cluster, state_dir).database_url
+    if config_path is not None:
+        load_config(config_path, cluster, state_dir)  # still checked when given
     value = os.environ.get(dsn_env, "")
     if not value:
         raise RelaunchError(f"--dsn-env {dsn_env}: the variable is not set or empty")
     return value
 
 
-def _migrate(config: ClusterConfig, dsn_env: str | None) -> None:
+def _migrate(dsn: str) -> None:
     from relaunch.connectors.db_setup import migrate_database
 
-    click.echo(printable(asyncio.run(migrate_database(_dsn(config, dsn_env))).line()))
+    click.echo(printable(asyncio.run(migrate_database(dsn)).line()))
 
 
 def register(cli: click.Group) -> None:
@@ -117,16 +120,16 @@ def register(cli: click.Group) -> None:
         from relaunch.connectors.db_setup import ROLE_RE, grant_statements
 
         try:
-            config = load_config(config_path, cluster, state_dir)
+            dsn = _dsn(config_path, cluster, state_dir, dsn_env)
             if grants_role is None:
-                _migrate(config, dsn_env)
+                _migrate(dsn)
                 return
             if not ROLE_RE.fullmatch(grants_role):
                 raise RelaunchError(
                     f"--print-grants: {grants_role!r} is not a plain role name "
                     "(lower-case letters, digits and _, at most 63)"
                 )
-            for line in asyncio.run(grant_statements(_dsn(config, dsn_env), grants_role)):
+            for line in asyncio.run(grant_statements(dsn, grants_role)):
                 click.echo(printable(line))
         except RelaunchError as exc:
             _fail(exc)
@@ -145,7 +148,7 @@ def register(cli: click.Group) -> None:
         worker, the watcher and the console never migrate: they refuse to start on an older
         schema and name this command."""
         try:
-            _migrate(load_config(config_path, cluster, state_dir), dsn_env)
+            _migrate(_dsn(config_path, cluster, state_dir, dsn_env))
         except RelaunchError as exc:
             _fail(exc)
 
@@ -160,8 +163,7 @@ def register(cli: click.Group) -> None:
         from relaunch.connectors.db_setup import read_version
 
         try:
-            config = load_config(config_path, cluster, state_dir)
-            version = asyncio.run(read_version(_dsn(config, dsn_env)))
+            version = asyncio.run(read_version(_dsn(config_path, cluster, state_dir, dsn_env)))
         except RelaunchError as exc:
             _fail(exc)
         click.echo(f"schema version {version}; this Relaunch needs {SCHEMA_VERSION}")

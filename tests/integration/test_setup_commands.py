@@ -88,13 +88,15 @@ def _config(tmp_path: Path, *, database_url: str, temporal: str, namespace: str)
     return path
 
 
-def relaunch(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def relaunch(
+    *args: str, timeout: float = TIMEOUT_S, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "relaunch.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+        env={**os.environ, "PYTHONPATH": str(Path.cwd()), **(env or {})},
     )
 
 
@@ -211,7 +213,8 @@ def test_processes_refuse_an_unmigrated_database_until_db_migrate_runs(
     assert status.returncode == 1
     assert f"schema version 0; this Relaunch needs {SCHEMA_VERSION}" in status.stdout
 
-    migrated = relaunch("db", "migrate", "--config", str(config))
+    # The owner's DSN from the environment, no configuration needed (a one-off from a bastion).
+    migrated = relaunch("db", "migrate", "--dsn-env", "OWNER_DSN", env={"OWNER_DSN": url})
     assert migrated.returncode == 0, migrated.stderr
     assert f"schema migrated from version 0 to {SCHEMA_VERSION} as role postgres" in (
         migrated.stdout
