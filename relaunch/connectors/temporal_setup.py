@@ -50,6 +50,12 @@ class TemporalSetupError(RelaunchError):
     """The namespace or the search attributes cannot be set up; a person must act."""
 
 
+class TemporalSetupUnavailableError(TemporalSetupError):
+    """The frontend stopped answering mid-way: running the command again may succeed."""
+
+    retryable = True
+
+
 @dataclass
 class TemporalSetup:
     """What `relaunch setup temporal` found and did."""
@@ -78,7 +84,7 @@ def _rights_or(exc: RPCError, what: str) -> TemporalSetupError:
             "client certificate or token); run it as such an identity, once",
         )
     if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-        return TemporalSetupError(
+        return TemporalSetupUnavailableError(
             f"Temporal did not answer while trying to {what}: {exc.message}",
             hint="is the frontend address right, and reachable from here?",
         )

@@ -23,6 +23,7 @@ def test_missing_rights_are_named_as_such() -> None:
 def test_an_unanswering_frontend_is_not_called_a_rights_problem() -> None:
     err = _rights_or(RPCError("connection refused", RPCStatusCode.UNAVAILABLE, b""), "list")
     assert "did not answer" in str(err) and "rights" not in str(err)
+    assert err.retryable  # `relaunch setup temporal` exits 75: try again
 
 
 def test_print_grants_refuses_a_role_that_is_no_plain_name() -> None:
