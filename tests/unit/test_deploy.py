@@ -148,7 +148,7 @@ def test_chart_lints_strictly(helm: str, example: str) -> None:
 
 def test_renders_every_resource_well_formed(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     mode, docs = rendered
-    expected = {"ConfigMap": 1, "Deployment": 3, "Service": 1, "ServiceAccount": 1}
+    expected = {"ConfigMap": 1, "Deployment": 3, "Job": 1, "Service": 1, "ServiceAccount": 1}
     if mode == "ssh":
         expected["NetworkPolicy"] = 2  # values-ssh.yaml turns it on
     assert {k: len(kinds(docs, k)) for k in {d["kind"] for d in docs}} == expected
