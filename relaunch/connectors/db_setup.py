@@ -107,8 +107,10 @@ ROLE_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 async def grant_statements(database_url: str, role: str) -> list[str]:
     """The GRANTs that let ``role`` run the services on this (migrated) database: CONNECT,
     USAGE on the schema, SELECT and INSERT on each table, SELECT on each view, USAGE on each
-    sequence; only SELECT on ``schema_migrations``. No UPDATE, DELETE, TRUNCATE or ownership:
-    the role cannot alter the schema nor drop the append-only trigger."""
+    sequence; only SELECT on ``schema_migrations``; and the same on what the tables' owner
+    creates later (default privileges), so that an upgrade's new table needs no new grant. No
+    UPDATE, DELETE, TRUNCATE or ownership: the role cannot alter the schema nor drop the
+    append-only trigger."""
     conn = await connect_database(database_url)
     try:
         version = await schema_version(conn)
@@ -125,9 +127,13 @@ async def grant_statements(database_url: str, role: str) -> list[str]:
             " order by c.relkind, c.relname"
         )
         relations = [(str(name), str(kind)) for name, kind in await cur.fetchall()]
-        cur = await conn.execute("select current_database(), current_schema()")
+        cur = await conn.execute(
+            "select current_database(), current_schema(), (select tableowner from pg_tables"
+            " where tablename = 'audit_events' and schemaname = current_schema())"
+        )
         row = await cur.fetchone()
         database, schema = (str(row[0]), str(row[1])) if row else ("", "public")
+        owner = str(row[2]) if row and row[2] else None
         who = sql.Identifier(role)
         statements = [
             sql.SQL("GRANT CONNECT ON DATABASE {} TO {};").format(sql.Identifier(database), who),
@@ -142,6 +148,12 @@ async def grant_statements(database_url: str, role: str) -> list[str]:
             else:
                 stmt = sql.SQL("GRANT SELECT, INSERT ON {} TO {};")
             statements.append(stmt.format(rel, who))
+        if owner:  # what later migrations (run by the owner) create, granted the same way
+            ahead = sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA {} GRANT {} TO {};")
+            for what in ("SELECT, INSERT ON TABLES", "USAGE, SELECT ON SEQUENCES"):
+                statements.append(
+                    ahead.format(sql.Identifier(owner), sql.Identifier(schema), sql.SQL(what), who)
+                )
         return [s.as_string(conn) for s in statements]
     finally:
         await conn.close()

@@ -246,6 +246,10 @@ async def test_the_services_role_appends_but_cannot_alter_or_erase(
     assert f'GRANT SELECT, INSERT ON "public"."audit_events" TO "{role}";' in grants
     assert f'GRANT SELECT ON "public"."schema_migrations" TO "{role}";' in grants
     assert not [g for g in grants if any(w in g for w in ("UPDATE", "DELETE", "TRUNCATE"))]
+    assert (
+        f'ALTER DEFAULT PRIVILEGES FOR ROLE "postgres" IN SCHEMA "public" '
+        f'GRANT SELECT, INSERT ON TABLES TO "{role}";'
+    ) in grants
     with psycopg.connect(pg_url, autocommit=True) as conn:
         for statement in grants:
             conn.execute(statement)  # type: ignore[arg-type]
@@ -262,6 +266,14 @@ async def test_the_services_role_appends_but_cannot_alter_or_erase(
         assert len(await store.events(incident)) == 1
     finally:
         await store.close()
+
+    # A table a later migration adds (run by the owner) needs no new grant.
+    later = f"later_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"create table {later} (id bigserial primary key, x int)")  # type: ignore[arg-type]
+    with psycopg.connect(svc_url, autocommit=True) as conn:
+        conn.execute(f"insert into {later} (x) values (1)")  # type: ignore[arg-type]
+        assert conn.execute(f"select x from {later}").fetchall() == [(1,)]  # type: ignore[arg-type]
 
     # ... but nothing it sends can erase the trail or change the schema.
     refused = {
