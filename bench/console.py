@@ -420,7 +420,7 @@ async def main() -> None:
     external = os.environ.get("RELAUNCH_DATABASE_URL")
     try:
         url = external or services.start_postgres(tmp / "postgres")
-        store = await AuditStore.open(url)  # applies the migrations
+        store = await AuditStore.open(url, apply_migrations=True)  # as `relaunch db migrate`
         await store.close()
         t0 = time.perf_counter()
         rows = seed(url, args.incidents, random.Random(7))

@@ -12,6 +12,7 @@ from temporalio.client import Client
 
 from relaunch.cli.exits import fail as _fail
 from relaunch.cli.incidents import config_options, load_config
+from relaunch.connectors.audit import refuse_behind_schema
 from relaunch.connectors.slurm.factory import slurm_scheduler
 from relaunch.console.auth import ConsoleRole
 from relaunch.models.config import ClusterConfig
@@ -117,6 +118,7 @@ def register(cli: click.Group) -> None:
             config = load_config(config_path, cluster, state_dir)
             others = [load_config(path, cluster, state_dir) for path in cluster_configs]
             check_shared(config, others)
+            asyncio.run(refuse_behind_schema(config.database_url))  # `relaunch db migrate`
             _logging()
             app = create_app(
                 config,

@@ -121,6 +121,24 @@ MIGRATIONS: list[tuple[int, str]] = [
 
 _LOCK_ID = 0x52454C41  # "RELA": serialises migrations across processes
 
+# The schema version this code needs: the last migration's.
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+MIGRATE_COMMAND = "relaunch db migrate --config FILE"
+
+
+class SchemaBehindError(RelaunchError):
+    """The audit database's schema is older than this code needs: a person runs the
+    migrations (`relaunch db migrate`, as the role that owns the database), then restarts."""
+
+    def __init__(self, current: int) -> None:
+        super().__init__(
+            f"the audit database's schema is at version {current}, this Relaunch needs "
+            f"{SCHEMA_VERSION}; processes do not migrate it",
+            hint=f"run `{MIGRATE_COMMAND}` once, as the role that owns the database",
+        )
+        self.current = current
+
 
 def drain_lock_key(cluster: str) -> int:
     """The advisory lock of a cluster's blast-radius guard (a signed 64-bit key)."""
@@ -195,6 +213,48 @@ async def _insert(conn: AsyncConnection[Any], record: AuditRecord, dedupe_key: s
     return bool(cur.rowcount == 1)
 
 
+async def schema_version(conn: AsyncConnection[Any]) -> int:
+    """The version the database's schema is at (0: never migrated). Reads only."""
+    cur = await conn.execute("select to_regclass('schema_migrations') is not null")
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        return 0
+    cur = await conn.execute("select coalesce(max(version), 0) from schema_migrations")
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def check_schema(conn: AsyncConnection[Any]) -> int:
+    """The schema's version; SchemaBehindError when it is older than this code needs (a newer
+    one is accepted: migrations only add, so the previous release runs on it)."""
+    try:
+        current = await schema_version(conn)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise RelaunchError(
+            f"this role may not read the audit schema's version: {exc.diag.message_primary}",
+            hint="grant the services' role its rights: `relaunch setup db --print-grants ROLE`",
+        ) from exc
+    if current < SCHEMA_VERSION:
+        raise SchemaBehindError(current)
+    return current
+
+
+async def refuse_behind_schema(database_url: str, timeout_s: int = 5) -> None:
+    """At a process's start: SchemaBehindError when the database answers with an older
+    schema. A database that does not answer is left to the code that uses it (the watcher
+    runs without it, the console answers 503 until it is back)."""
+    try:
+        conn = await AsyncConnection.connect(
+            database_url, autocommit=True, connect_timeout=timeout_s
+        )
+    except psycopg.OperationalError:
+        return
+    try:
+        await check_schema(conn)
+    finally:
+        await conn.close()
+
+
 async def migrate(conn: AsyncConnection[Any]) -> int:
     """Apply pending migrations; returns the schema version."""
     async with conn.transaction():
@@ -227,21 +287,35 @@ class AuditStore:
 
     @classmethod
     async def open(
-        cls, database_url: str, *, max_size: int = 4, timeout: float = 15.0
+        cls,
+        database_url: str,
+        *,
+        max_size: int = 4,
+        timeout: float = 15.0,
+        apply_migrations: bool = False,
     ) -> AuditStore:
+        """The store, after checking that the schema is current (SchemaBehindError if not).
+        Only ``relaunch db migrate`` (and the dev stack, tests) pass ``apply_migrations``:
+        the services run under a role that may not change the schema."""
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             database_url, min_size=1, max_size=max_size, open=False, kwargs={"autocommit": True}
         )
         try:
             await pool.open(wait=True, timeout=timeout)
             async with pool.connection() as conn:
-                await migrate(conn)
+                if apply_migrations:
+                    await migrate(conn)
+                else:
+                    await check_schema(conn)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             await pool.close()
             raise AuditUnavailableError(
                 "cannot reach the audit database",
                 hint="is PostgreSQL running (`relaunch dev status`), and is database_url right?",
             ) from exc
+        except BaseException:
+            await pool.close()
+            raise
         return cls(pool)
 
     async def close(self) -> None:

@@ -30,8 +30,9 @@ from relaunch.connectors.audit import (
     AuditUnavailableError,
     IncidentRow,
     NodeReputation,
+    SchemaBehindError,
     StoredEvent,
-    migrate,
+    check_schema,
 )
 from relaunch.console.kpis import IncidentTimes
 from relaunch.models.search_attributes import TERMINAL_STAGES, Stage
@@ -155,7 +156,7 @@ class ConsoleDb:
             timeout=timeout,
             kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
         )
-        self._migrated = False
+        self._schema_checked = False
         self._lock = asyncio.Lock()
         self._cache: dict[Hashable, tuple[float, Any]] = {}
         self.store = AuditStore(self._pool)
@@ -169,12 +170,21 @@ class ConsoleDb:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         async with self._answering(), self._pool.connection() as conn:
-            if not self._migrated:
+            if not self._schema_checked:
                 async with self._lock:
-                    if not self._migrated:
-                        await migrate(conn)
-                        self._migrated = True
+                    if not self._schema_checked:
+                        await self._check_schema(conn)
+                        self._schema_checked = True
             yield conn
+
+    @staticmethod
+    async def _check_schema(conn: AsyncConnection[Any]) -> None:
+        """The schema current, or a 503 that says so and names the command (checked again at
+        the next request: the console recovers once someone runs the migrations)."""
+        try:
+            await check_schema(conn)
+        except SchemaBehindError as exc:
+            raise DatabaseUnavailableError(exc.message, hint=exc.hint) from exc
 
     @asynccontextmanager
     async def _answering(self) -> AsyncIterator[None]:
@@ -188,9 +198,9 @@ class ConsoleDb:
             ) from exc
 
     async def from_store(self, query: Callable[[AuditStore], Awaitable[T]]) -> T:
-        """One of the audit store's queries, on this pool: the schema migrated first, and a
+        """One of the audit store's queries, on this pool: the schema checked first, and a
         database that does not answer is the typed DatabaseUnavailableError (a 503)."""
-        if not self._migrated:
+        if not self._schema_checked:
             async with self.connection():
                 pass
         async with self._answering():

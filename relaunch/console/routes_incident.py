@@ -146,7 +146,7 @@ def evidence_view(events: list[StoredEvent]) -> dict[str, Any]:
 
 async def _context(request: Request, auth: Auth, incident_id: str) -> dict[str, Any]:
     c = console(request)
-    summary = await c.db.incident(incident_id)  # the schema migrated, PostgreSQL answering
+    summary = await c.db.incident(incident_id)  # the schema checked, PostgreSQL answering
     if summary is None:
         raise NotFound(f"no incident {incident_id!r}: the audit trail has no such id")
     check_cluster(auth, summary.cluster)  # whose it is: the audit trail's row, not the id

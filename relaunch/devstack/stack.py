@@ -21,6 +21,7 @@ import psutil
 import psycopg
 from pydantic import BaseModel, Field, field_validator
 
+from relaunch.connectors.db_setup import migrate_now
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack import accounting, procs, services
@@ -281,6 +282,8 @@ class Stack:
                 hint=f"see {home.slurm.root / 'log'}",
             )
         self._wait_database()
+        progress("migrating the audit database (as `relaunch db migrate`)")
+        migrate_now(self.database_url)  # the processes only check the schema's version
         self.write_cluster_config()
         if self.config.services:
             self._start_services(progress)

@@ -11,6 +11,7 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
+from relaunch.connectors.audit import refuse_behind_schema
 from relaunch.connectors.liveness import LivenessMonitor, make_prober
 from relaunch.connectors.slurm.accounting import EndedJobs
 from relaunch.connectors.slurm.commands import SlurmCli
@@ -66,6 +67,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
 
 
 async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) -> None:
+    await refuse_behind_schema(config.database_url)  # never migrates: `relaunch db migrate`
     scheduler = slurm_scheduler(config)  # reads the slurmrestd JWT key, if any, now
     tracing = start_tracing(config, "watch")
     client = await connect(config, tracing.interceptors)

@@ -148,7 +148,7 @@ def test_chart_lints_strictly(helm: str, example: str) -> None:
 
 def test_renders_every_resource_well_formed(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     mode, docs = rendered
-    expected = {"ConfigMap": 1, "Deployment": 3, "Service": 1, "ServiceAccount": 1}
+    expected = {"ConfigMap": 1, "Deployment": 3, "Job": 1, "Service": 1, "ServiceAccount": 1}
     if mode == "ssh":
         expected["NetworkPolicy"] = 2  # values-ssh.yaml turns it on
     assert {k: len(kinds(docs, k)) for k in {d["kind"] for d in docs}} == expected
@@ -816,7 +816,7 @@ def dockerfile_instructions(path: Path) -> Iterator[tuple[str, str]]:
 
 def test_dockerfile_parses_and_copies_files_that_exist() -> None:
     steps = list(dockerfile_instructions(DEPLOY / "Dockerfile"))
-    assert steps[0] == ("FROM", "python:3.11-slim AS build")
+    assert steps[0] == ("ARG", "SLURM_RELEASE=24.11")
     for word, rest in steps:
         assert word in INSTRUCTIONS, f"unknown instruction {word}"
         assert rest, f"{word} without arguments"
@@ -833,12 +833,27 @@ def test_dockerfile_parses_and_copies_files_that_exist() -> None:
     runs = " ".join(rest for word, rest in steps if word == "RUN")
     for package in ("slurm-client", "munge", "openssh-client"):
         assert package in runs
-    assert [rest for word, rest in steps if word == "FROM"][-1] == "python:3.11-slim"
+    assert [rest for word, rest in steps if word == "FROM"][-1] == "base-${SLURM_RELEASE}"
     assert "pip install" in runs
     (user,) = [rest for word, rest in steps if word == "USER"]
     assert user.split(":")[0] not in ("root", "0")
     (entry,) = [rest for word, rest in steps if word == "ENTRYPOINT"]
     assert json.loads(entry) == ["relaunch"]
+
+
+def test_dockerfile_slurm_client_is_the_release_chosen_at_build_time() -> None:
+    """SLURM_RELEASE picks the Debian release whose own slurm-client is that Slurm release
+    (Debian 13 ships 24.11, Debian 12 22.05), pins the package to it, and checks it."""
+    steps = list(dockerfile_instructions(DEPLOY / "Dockerfile"))
+    froms = [rest for word, rest in steps if word == "FROM"]
+    assert "python:3.11-slim-trixie AS base-24.11" in froms
+    assert "python:3.11-slim-bookworm AS base-22.05" in froms
+    assert froms[-2:] == ["base-${SLURM_RELEASE} AS build", "base-${SLURM_RELEASE}"]
+    final = steps[[i for i, (word, _) in enumerate(steps) if word == "FROM"][-1] :]
+    assert ("ARG", "SLURM_RELEASE") in final  # visible in the final stage
+    runs = " ".join(rest for word, rest in final if word == "RUN")
+    assert '"slurm-client=${SLURM_RELEASE}.*"' in runs
+    assert "dpkg-query -W -f='${Version}' slurm-client | grep -q \"^${SLURM_RELEASE}\\.\"" in runs
 
 
 # ---------------------------------------------------------------------- Grafana

@@ -248,7 +248,7 @@ async def record_row(
 ) -> bool:
     store = c.db.store
     incident = intake_incident(cl.name)
-    async with c.db.connection():  # the schema is there (migrated on the console's first use)
+    async with c.db.connection():  # the schema is there (checked on the console's first use)
         pass
     await store.ensure_incident(incident, cl.name, "intake", 0)
     return await store.record(
