@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from relaunch.connectors.slurm import parse
-from relaunch.connectors.slurm.rest import SlurmRest
+from relaunch.connectors.slurm.rest import JwtMinter, SlurmRest
 from relaunch.connectors.slurm.rest_shapes import newest_supported, offered_versions
 from relaunch.models.endpoints import SlurmRestSettings
 from relaunch.models.errors import JobNotFoundError, NodeNotFoundError, SchedulerError
@@ -384,3 +384,27 @@ async def test_a_failed_result_of_a_24_11_update_is_an_error(
     rest = on_recorded(handler, api_version="v0.0.42")
     with pytest.raises(SchedulerError, match="update of job 5: already done"):
         await rest.update_job("5", {"hold": True})
+
+
+async def test_24_11_refusing_a_token_renews_it_once(
+    on_recorded: Callable[..., SlurmRest], tmp_path: Path
+) -> None:
+    """24.11 refuses a bad or expired token with HTTP 511 and error 1007 (22.05: 500, errno -1):
+    a fresh token is minted from the key file once, and a second refusal says what to check."""
+    refused = _load("24.11", "rest_v0.0.42_token_refused.json")
+    good = _load("24.11", "rest_v0.0.42_nodes.json")
+    key = tmp_path / "jwt.key"
+    key.write_bytes(b"the key slurmctld does not use, 0123456789")
+    accept = [False]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = good if accept[0] else refused
+        return httpx.Response(answer["status"], json=answer["body"])
+
+    minter = JwtMinter(key, "root")
+    rest = on_recorded(handler, api_version="v0.0.42", minter=minter)
+    with pytest.raises(SchedulerError, match="refused a freshly minted JWT token") as info:
+        await rest.list_nodes()
+    assert info.value.hint and "jwt_key" in info.value.hint and minter.minted == 2
+    accept[0] = True  # the operator mounted the right key
+    assert len(await rest.list_nodes()) == 2

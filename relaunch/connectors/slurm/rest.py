@@ -43,9 +43,6 @@ _ESLURM_INVALID_JOB_ID = 2017
 _ESLURM_INVALID_NODE_NAME = 2018
 _SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT = 5004
 _SLURMCTLD_COMMUNICATIONS_CONNECTION_ERROR = 1001
-# SLURM_ERROR: what slurmctld's refusal of a JWT (bad signature, expired, unknown user) becomes
-# in 22.05's answer: HTTP 500 with {"error": "Unspecified error", "errno": -1} and nothing else.
-_SLURM_ERROR = -1
 
 log = logging.getLogger("relaunch.slurmrestd")
 
@@ -385,4 +382,7 @@ def _token_refused(response: httpx.Response) -> bool:
     errors = data.get("errors") if isinstance(data, dict) else None
     if not errors or not isinstance(errors, list):
         return False
-    return all(isinstance(e, dict) and rest_shapes.error_number(e) == _SLURM_ERROR for e in errors)
+    return all(
+        isinstance(e, dict) and rest_shapes.error_number(e) in rest_shapes.TOKEN_REFUSED
+        for e in errors
+    )

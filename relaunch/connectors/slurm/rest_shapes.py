@@ -11,6 +11,10 @@
 - Errors: 22.05 numbers them ``errno``, v0.0.40+ ``error_number``. An unknown job is error 2017
   on both (HTTP 500 on 22.05, 404 on 24.11); an unknown node is 2018 on 22.05, and on 24.11 an
   empty ``nodes`` list with a "Failure to query node" error numbered 0 (HTTP 200).
+- A refused JWT (bad signature, expired, unknown user): 22.05 answers HTTP 500 with only
+  ``{"error": "Unspecified error", "errno": -1}`` (SLURM_ERROR); 24.11 answers HTTP 511 with
+  error 1007 (SLURM_PROTOCOL_AUTHENTICATION_ERROR, "Protocol authentication error"). Both serve
+  the OpenAPI document whatever the token.
 - Job updates: ``POST /job/{id}`` takes ``{"hold": true}`` on every version (22.05's
   ``job_properties``, v0.0.40+'s ``job_desc_msg``); v0.0.40+ answers a ``results`` list whose
   entries carry their own ``error_code``.
@@ -25,6 +29,8 @@ from typing import Any
 from relaunch.models.endpoints import SLURMREST_API_VERSIONS
 
 AUTO = "auto"
+# The error numbers of an answer that is slurmctld refusing the token (see above).
+TOKEN_REFUSED = frozenset({-1, 1007})
 SUPPORTED = SLURMREST_API_VERSIONS
 # The paths Relaunch uses; a version counts as offered only when the server has them all.
 _NEEDED = ("jobs", "job/{job_id}", "nodes", "node/{node_name}")
