@@ -52,6 +52,8 @@ class Harness:
         self.config = ClusterConfig(
             name=name,
             slurm_conf=str(stack.slurm.conf),
+            # The stack's release's commands (24.11's wrappers); None for the host's 22.05.
+            slurm_bin=str(stack.slurm.bin_dir) if stack.slurm.slurm_root is not None else None,
             temporal_address=stack.temporal_address,
             temporal_ui=stack.temporal_ui,
             database_url=stack.database_url,
