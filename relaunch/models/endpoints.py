@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from relaunch.models import names
 
 _API_VERSION = re.compile(r"v\d+\.\d+\.\d+")
+# The slurmrestd data parsers Relaunch reads and writes, oldest first: v0.0.38 (Slurm 22.05),
+# v0.0.40 to v0.0.42 (Slurm 24.11). Each was checked against a real slurmrestd of its release.
+SLURMREST_API_VERSIONS = ("v0.0.38", "v0.0.40", "v0.0.41", "v0.0.42")
 
 
 class SlurmRestSettings(BaseModel):
@@ -45,7 +48,12 @@ class SlurmRestSettings(BaseModel):
         description="mint a new token this long before the current expires",
     )
     timeout_s: float = Field(default=10.0, gt=0, le=300)
-    api_version: str = "v0.0.38"
+    api_version: str = Field(
+        default="auto",
+        description="the data parser to use: auto (the newest one both slurmrestd and Relaunch "
+        "support, read from the server's OpenAPI document), or one of "
+        + ", ".join(SLURMREST_API_VERSIONS),
+    )
 
     @field_validator("url")
     @classmethod
@@ -70,8 +78,15 @@ class SlurmRestSettings(BaseModel):
     @field_validator("api_version")
     @classmethod
     def _api_version(cls, value: str) -> str:
+        if value == "auto":
+            return value
         if not _API_VERSION.fullmatch(value):
-            raise ValueError(f"invalid slurmrestd api_version {value!r}, e.g. v0.0.38")
+            raise ValueError(f"invalid slurmrestd api_version {value!r}: auto, or e.g. v0.0.42")
+        if value not in SLURMREST_API_VERSIONS:
+            raise ValueError(
+                f"slurmrestd api_version {value} is not one Relaunch supports: auto, or one of "
+                + ", ".join(SLURMREST_API_VERSIONS)
+            )
         return value
 
     @model_validator(mode="after")

@@ -177,6 +177,7 @@ def test_configmap_is_a_valid_cluster_config_without_secrets(
     else:
         assert config.ssh is None and config.slurm_conf == "/etc/slurm/slurm.conf"
         assert raw["slurmrestd"]["jwt_key_file"] == "/etc/relaunch/slurm-jwt/jwt_hs256.key"
+        assert raw["slurmrestd"]["api_version"] == "auto"
         # ClusterConfig reads the section (its keys are the chart's; an unknown one is refused).
         assert config.slurmrestd is not None and config.slurmrestd.jwt_key_file == (
             "/etc/relaunch/slurm-jwt/jwt_hs256.key"

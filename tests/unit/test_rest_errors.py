@@ -32,7 +32,7 @@ async def make_rest() -> AsyncIterator[MakeRest]:
     made: list[SlurmRest] = []
 
     async def make(handler: Handler, **kwargs: Any) -> SlurmRest:
-        rest = SlurmRest(**kwargs)
+        rest = SlurmRest(**{"api_version": "v0.0.38", **kwargs})  # the handlers answer as 22.05
         await rest.aclose()  # the real client is replaced before any request
         rest._client = httpx.AsyncClient(
             transport=httpx.MockTransport(handler), base_url="http://x"

@@ -14,6 +14,10 @@ What goes where on 22.05 (API v0.0.38), as checked against a real slurmrestd 22.
   ``resubmit_job`` (the batch script cannot be read over v0.0.38, so
   ``scontrol write batch_script`` + ``sbatch`` it stays).
 
+On 24.11 (v0.0.40-v0.0.42, negotiated by ``SlurmRest``) the same split holds, checked against
+a real slurmrestd 24.11.5: the reads and ``POST /job/{id}`` / ``DELETE /job/{id}`` work the same
+way; node updates exist there but drains stay on the CLI, one path for every release.
+
 This is ``SlurmCli`` with its reads replaced: the CLI's actions call ``self.get_node`` /
 ``self.get_job`` / ``self.list_jobs`` for their idempotence check and their verification, so
 those go over REST too, with no change to the CLI's action code (a batch requeue reads through

@@ -80,9 +80,10 @@ def slurm_scheduler(config: ClusterConfig) -> SlurmCli:
         submit_as=submit_as,
     )
     log.info(
-        "Slurm reads over slurmrestd %s (%s), drains and requeues over the CLI",
+        "Slurm reads over slurmrestd %s (%s, data parser %s), drains and requeues over the CLI",
         settings.base_url if settings.socket_path is None else settings.socket_path,
         f"JWT as {settings.user}" if settings.jwt_key_file else "local auth",
+        settings.api_version,
     )
     return scheduler
 

@@ -1,4 +1,10 @@
-"""slurmrestd as a read path (API v0.0.38 of Slurm 22.05, tolerant of newer shapes).
+"""slurmrestd as a read path, and for the job actions its API has, on Slurm 22.05 (data parser
+v0.0.38) and 24.11 (v0.0.40 to v0.0.42).
+
+The data parser is negotiated: with ``api_version="auto"`` (the default), the first request reads
+the server's OpenAPI document and uses the newest version both sides support; a pinned version
+is used as given, and a server that does not serve it is a clear error. What differs between
+versions is in ``rest_shapes``.
 
 Two ways to authenticate, as slurmrestd offers them:
 - local: a unix socket served by ``slurmrestd -a rest_auth/local``; the kernel vouches for the
@@ -9,6 +15,7 @@ Two ways to authenticate, as slurmrestd offers them:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -19,7 +26,7 @@ from typing import Any
 import httpx
 import jwt
 
-from relaunch.connectors.slurm import parse
+from relaunch.connectors.slurm import parse, rest_shapes
 from relaunch.connectors.slurm.runner import CONTROLLER_HINT
 from relaunch.models import names
 from relaunch.models.errors import (
@@ -36,9 +43,6 @@ _ESLURM_INVALID_JOB_ID = 2017
 _ESLURM_INVALID_NODE_NAME = 2018
 _SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT = 5004
 _SLURMCTLD_COMMUNICATIONS_CONNECTION_ERROR = 1001
-# SLURM_ERROR: what slurmctld's refusal of a JWT (bad signature, expired, unknown user) becomes
-# in 22.05's answer: HTTP 500 with {"error": "Unspecified error", "errno": -1} and nothing else.
-_SLURM_ERROR = -1
 
 log = logging.getLogger("relaunch.slurmrestd")
 
@@ -123,7 +127,7 @@ class SlurmRest:
         *,
         base_url: str = "http://localhost",
         socket_path: str | None = None,
-        api_version: str = "v0.0.38",
+        api_version: str = rest_shapes.AUTO,
         user: str | None = None,
         token: str | None = None,
         minter: JwtMinter | None = None,
@@ -131,13 +135,73 @@ class SlurmRest:
     ) -> None:
         transport = httpx.AsyncHTTPTransport(uds=socket_path) if socket_path else None
         self._client = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout)
-        self._prefix = f"/slurm/{api_version}"
+        if api_version != rest_shapes.AUTO and api_version not in rest_shapes.SUPPORTED:
+            raise ValueError(
+                f"unsupported slurmrestd api_version {api_version!r}: auto, or one of "
+                + ", ".join(rest_shapes.SUPPORTED)
+            )
+        self._where = socket_path or base_url
+        self._pinned = api_version != rest_shapes.AUTO
+        self._version: str | None = api_version if self._pinned else None
+        self._negotiating = asyncio.Lock()
         self._user = user
         self._token = token
         self._minter = minter
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    @property
+    def api_version(self) -> str | None:
+        """The data parser in use: the pinned one, or the negotiated one (None before the first
+        request of ``auto``)."""
+        return self._version
+
+    async def negotiate(self) -> str:
+        """The data parser to use: the pinned one, or on the first call of ``auto`` the newest
+        one the server's OpenAPI document offers that Relaunch supports (logged once)."""
+        if self._version is not None:
+            return self._version
+        async with self._negotiating:
+            if self._version is None:
+                offered = await self._offered()
+                chosen = rest_shapes.newest_supported(offered)
+                if chosen is None:
+                    raise SchedulerError(
+                        f"slurmrestd at {self._where} offers data parsers "
+                        f"{', '.join(offered) or 'none'}; Relaunch supports "
+                        f"{', '.join(rest_shapes.SUPPORTED)}",
+                        hint="run slurmrestd with an OpenAPI plugin that serves one of them "
+                        "(-s openapi/slurmctld on 23.02 and later, openapi/v0.0.38 on 22.05)",
+                    )
+                log.info(
+                    "slurmrestd at %s: using data parser %s (offered: %s)",
+                    self._where,
+                    chosen,
+                    ", ".join(offered),
+                )
+                self._version = chosen
+        return self._version
+
+    async def _offered(self) -> list[str]:
+        """The data parsers the server's OpenAPI document lists (``/openapi/v3``, else the
+        older ``/openapi``)."""
+        for path in ("/openapi/v3", "/openapi"):
+            response = await self._authenticated("GET", path, None, {})
+            if response.status_code == 404:
+                continue
+            if response.status_code >= 400:
+                raise SchedulerError(
+                    f"slurmrestd {path}: HTTP {response.status_code}",
+                    hint="set slurmrestd.api_version to the data parser it serves (e.g. v0.0.42) "
+                    "to skip reading its OpenAPI document",
+                )
+            document = parse.load_json(response.text, f"slurmrestd {path}")
+            return rest_shapes.offered_versions(document)
+        raise SchedulerError(
+            f"slurmrestd at {self._where} serves no OpenAPI document (/openapi/v3, /openapi)",
+            hint="set slurmrestd.api_version to the data parser it serves (e.g. v0.0.42)",
+        )
 
     async def __aenter__(self) -> SlurmRest:
         return self
@@ -160,7 +224,7 @@ class SlurmRest:
     ) -> httpx.Response:
         try:
             return await self._client.request(
-                method, self._prefix + path, headers=self._headers(), json=body, params=params
+                method, path, headers=self._headers(), json=body, params=params
             )
         except httpx.TimeoutException as exc:
             raise SchedulerTimeoutError("slurmrestd did not answer in time") from exc
@@ -169,14 +233,12 @@ class SlurmRest:
                 f"cannot reach slurmrestd: {exc}", hint="is slurmrestd running at that address?"
             ) from exc
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        body: Mapping[str, object] | None = None,
-        params: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        response = await self._send(method, path, body, params or {})
+    async def _authenticated(
+        self, method: str, path: str, body: Mapping[str, object] | None, params: dict[str, str]
+    ) -> httpx.Response:
+        """One request; with a minter, a refused token is renewed once and the request sent
+        again (and a second refusal is a clear error)."""
+        response = await self._send(method, path, body, params)
         if self._minter is not None and _token_refused(response):
             # Expired by a clock step or a suspended process, or the key was rotated: one
             # fresh token (from the key file as it is now), then a clear error.
@@ -184,7 +246,7 @@ class SlurmRest:
                 "slurmrestd refused the JWT token for %s; minting a new one", self._minter.user
             )
             self._minter.renew()
-            response = await self._send(method, path, body, params or {})
+            response = await self._send(method, path, body, params)
             if _token_refused(response):
                 raise SchedulerError(
                     f"slurmrestd refused a freshly minted JWT token for user {self._minter.user}",
@@ -192,15 +254,34 @@ class SlurmRest:
                     "it uses (AuthAltParameters=jwt_key=...), does the user exist, and do this "
                     "host's and slurmctld's clocks agree?",
                 )
+        return response
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, object] | None = None,
+        params: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        version = await self.negotiate()
+        response = await self._authenticated(method, f"/slurm/{version}{path}", body, params or {})
         if response.status_code in (401, 403):
             raise SchedulerError(
                 f"slurmrestd refused the request ({response.status_code})",
                 hint="check the JWT user and token (or the socket's permissions)",
             )
+        if response.status_code == 404 and not response.text.lstrip().startswith("{"):
+            # slurmrestd's own "Unable find requested URL": not a path of this data parser.
+            raise SchedulerError(
+                f"slurmrestd at {self._where} does not serve {method} /slurm/{version}{path}",
+                hint=f"slurmrestd.api_version is pinned to {version}, which this slurmrestd "
+                "does not offer: set it to auto, or to a version its /openapi/v3 lists"
+                if self._pinned
+                else None,
+            )
         data = parse.load_json(response.text, f"slurmrestd {path}") if response.text else {}
         for error in data.get("errors") or []:
-            # 22.05 says "errno"; later API versions "error_number" / "error_code".
-            number = error.get("errno", error.get("error_number", error.get("error_code")))
+            number = rest_shapes.error_number(error)
             if number == _ESLURM_INVALID_JOB_ID:
                 raise JobNotFoundError(f"job not found ({path})")
             if number == _ESLURM_INVALID_NODE_NAME:
@@ -261,8 +342,9 @@ class SlurmRest:
     # Plain requests; the idempotent, verified actions built on them are in ``composite``.
 
     async def update_job(self, job_id: str, properties: Mapping[str, object]) -> None:
-        """``POST /job/{id}`` with v0.0.38 ``job_properties`` (e.g. ``{"hold": true}``).
-        slurmrestd answers 200 with an empty ``errors`` list when slurmctld accepted it."""
+        """``POST /job/{id}`` with ``{"hold": true}`` and the like (v0.0.38's ``job_properties``,
+        v0.0.40+'s ``job_desc_msg``: the same keys for what Relaunch sends). slurmrestd answers
+        200 with no errors (and on v0.0.40+ no failed result) when slurmctld accepted it."""
         job_id = names.job_id(job_id)
         data = await self._request("POST", f"/job/{job_id}", body=properties)
         _raise_errors(data, f"update of job {job_id}")
@@ -280,8 +362,9 @@ _SIGNALS = frozenset({"HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR
 
 
 def _raise_errors(data: dict[str, Any], what: str) -> None:
-    """A 200 answer may still carry errors (22.05 reports a rejected key that way)."""
-    texts = [str(e.get("description") or e.get("error") or e) for e in data.get("errors") or []]
+    """A 200 answer may still carry errors (22.05 reports a rejected key that way, v0.0.40+ a
+    failed result)."""
+    texts = rest_shapes.update_failures(data)
     if texts:
         raise SchedulerError(f"slurmrestd: {what}: {'; '.join(texts)[:300]}")
 
@@ -300,7 +383,6 @@ def _token_refused(response: httpx.Response) -> bool:
     if not errors or not isinstance(errors, list):
         return False
     return all(
-        isinstance(e, dict)
-        and e.get("errno", e.get("error_number", e.get("error_code"))) == _SLURM_ERROR
+        isinstance(e, dict) and rest_shapes.error_number(e) in rest_shapes.TOKEN_REFUSED
         for e in errors
     )

@@ -197,7 +197,7 @@ variable's value (from the database Secret) when it writes the configuration the
 {{- else -}}
 {{- $_ := set $c "slurm_conf" (default "/etc/slurm/slurm.conf" $v.cluster.slurmConf) -}}
 {{- if $v.incluster.slurmrestd.enabled -}}
-{{- $_ := set $c "slurmrestd" (dict "url" $v.incluster.slurmrestd.url "user" $v.incluster.slurmrestd.user "jwt_key_file" (printf "%s/%s" (include "relaunch.jwtDir" .) $v.incluster.slurmrestd.key)) -}}
+{{- $_ := set $c "slurmrestd" (dict "url" $v.incluster.slurmrestd.url "user" $v.incluster.slurmrestd.user "jwt_key_file" (printf "%s/%s" (include "relaunch.jwtDir" .) $v.incluster.slurmrestd.key) "api_version" ($v.incluster.slurmrestd.apiVersion | default "auto")) -}}
 {{- end -}}
 {{- end -}}
 {{- if $v.temporal.tls.enabled -}}
