@@ -279,7 +279,11 @@ def _start_slurmd(layout: SlurmLayout, node: str) -> None:
     if slurmd_pid(layout, node):
         return
     result = subprocess.run(
-        ["slurmd", "-N", node, "-f", str(layout.conf)], capture_output=True, text=True, timeout=60
+        ["slurmd", "-N", node, "-f", str(layout.conf)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=layout.process_env,  # the release's own slurmd (24.11's through its wrapper)
     )
     if result.returncode != 0:
         raise StackError(f"slurmd {node} did not start: {result.stderr.strip()[-300:]}")
