@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-unit test-quick lint typecheck bench bench-quick bench-burst bench-lifecycle bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
+.PHONY: deps demo test test-22.05 test-24.11 test-unit test-quick lint typecheck bench bench-quick bench-burst bench-lifecycle bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -15,8 +15,25 @@ demo: deps
 # Three pytest workers, each with its own stack: the PostgreSQL-outage group (11 minutes, almost
 # all of it waiting for the database to come back) keeps one busy but idle, while the other two
 # share the rest on the machine's two cores.
+#
+# Then the Slurm-facing tiers again on Slurm 24.11 (Debian 13's, in a root the first run builds
+# under ~/.cache/relaunch: docs/local-stack.md): recoveries end to end, node decisions, the
+# lifecycle with reservations and reboots, SSH mode, slurmrestd, the catch-up, the adversarial
+# tier. `make test-22.05` or `make test-24.11` runs one pass alone.
+SLURM_TIERS := tests/adversarial $(addprefix tests/integration/test_,recovery.py workflow.py \
+	lifecycle.py silent_failures.py slurm_actions.py slurmrestd.py slurmrestd_mode.py ssh_mode.py \
+	stack.py clusters.py trust_plan.py job_output.py guard_race.py health_intake.py intake.py \
+	rollout.py cli_errors.py console_lifecycle.py catch_up.py)
+
 test: deps lint typecheck
-	$(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS)
+	RELAUNCH_TEST_SLURM=22.05 $(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS)
+	RELAUNCH_TEST_SLURM=24.11 $(PY) -m pytest -q -n 3 --dist loadgroup $(SLURM_TIERS) $(PYTEST_ARGS)
+
+test-22.05: deps
+	RELAUNCH_TEST_SLURM=22.05 $(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS)
+
+test-24.11: deps
+	RELAUNCH_TEST_SLURM=24.11 $(PY) -m pytest -q -n 3 --dist loadgroup $(SLURM_TIERS) $(PYTEST_ARGS)
 
 # The inner loop: unit tests only, no stack, no Slurm (about two minutes on 2 cores). Two workers:
 # much of the tier waits (timeouts, polls) rather than computes.

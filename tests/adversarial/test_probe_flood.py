@@ -25,6 +25,7 @@ from relaunch.devstack import faults
 from relaunch.models.scheduler import JobState, NodeState
 from tests.adversarial.conftest import DEFAULT_POLICY
 from tests.adversarial.hostile import QUIET_JOB, Tier
+from tests.conftest import SLURM_RELEASE
 
 # Node decisions on, as in production: the watcher's report of a silent node is what fences it.
 POLICY = DEFAULT_POLICY.model_copy(update={"node_decisions": True})
@@ -141,8 +142,13 @@ async def test_a_backlog_flood_neither_fences_nor_drains_and_a_real_crash_still_
         f"of {TARGET}: {sorted(seen.states)}"
     )
     print("\n".join(line for line in t.log(attacker).splitlines() if line.startswith("flood:")))
-    # The flood did what it is for: probes of the node got no answer, as from a dead node.
-    assert timeouts >= 3, seen.probes
+    # The flood did what it is for: probes of the node got no answer, as from a dead node. On
+    # Slurm 22.05. 24.11's slurmd accepts every connection of the same flood (measured here: all
+    # probes answered, nothing dropped), so there the attack does not bite; what follows (no
+    # fence, no drain; a real crash still fenced) must hold either way.
+    bit = timeouts >= 3
+    if SLURM_RELEASE == "22.05":
+        assert bit, seen.probes
     # ... and Relaunch neither fenced nor drained the node: the bystander's job runs on.
     assert seen.out_of_service == [], seen.out_of_service
     assert t.drained() == {}
@@ -151,7 +157,7 @@ async def test_a_backlog_flood_neither_fences_nor_drains_and_a_real_crash_still_
     said = (t.h.tmp / "watch.log").read_text(errors="replace")
     held = [line for line in said.splitlines() if "not reported" in line and TARGET in line]
     print(f"row 7: the watcher held {len(held)} probe streak(s): {held[:1]}")
-    assert held, "the probes never failed in the watcher's eyes: the flood was not seen"
+    assert held or not bit, "the probes never failed in the watcher's eyes: the flood was not seen"
     t.alive()
 
     # A genuine silent crash of the same node: slurmd killed, the job's processes frozen.

@@ -24,7 +24,7 @@ from relaunch.connectors.slurm.rest import JwtMinter, SlurmRest
 from relaunch.devstack.stack import Stack, StackConfig
 from relaunch.models.errors import JobNotFoundError, NodeNotFoundError, SchedulerError
 from relaunch.models.scheduler import Job, JobState, Node
-from tests.conftest import sbatch
+from tests.conftest import SLURM_RELEASE, sbatch
 
 pytestmark = pytest.mark.xdist_group("slurm-24.11-rest")
 
@@ -208,6 +208,7 @@ async def test_24_11_an_expired_token_is_renewed(stack_2411: Stack) -> None:
     assert minter.minted == 2
 
 
+@pytest.mark.skipif(SLURM_RELEASE != "22.05", reason="the session's stack is not Slurm 22.05")
 async def test_22_05_negotiates_v0_0_38(stack: Stack) -> None:
     for name, rest in _clients(stack).items():
         async with rest:
