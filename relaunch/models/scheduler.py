@@ -95,18 +95,18 @@ _TERMINAL_JOB_STATES = frozenset(
         JobState.SPECIAL_EXIT,
     }
 )
-_ABNORMAL_JOB_STATES = frozenset(
-    {
-        JobState.FAILED,
-        JobState.NODE_FAIL,
-        JobState.OUT_OF_MEMORY,
-        JobState.TIMEOUT,
-        JobState.PREEMPTED,
-        JobState.CANCELLED,
-        JobState.BOOT_FAIL,
-        JobState.DEADLINE,
-    }
+# The ends that may call for a recovery, in the order sacct's --state lists them.
+ABNORMAL_END_STATES: tuple[JobState, ...] = (
+    JobState.FAILED,
+    JobState.NODE_FAIL,
+    JobState.OUT_OF_MEMORY,
+    JobState.TIMEOUT,
+    JobState.PREEMPTED,
+    JobState.CANCELLED,
+    JobState.BOOT_FAIL,
+    JobState.DEADLINE,
 )
+_ABNORMAL_JOB_STATES = frozenset(ABNORMAL_END_STATES)
 
 
 class NodeState(StrEnum):

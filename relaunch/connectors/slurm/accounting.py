@@ -23,19 +23,10 @@ from typing import Any
 from relaunch.connectors.slurm.parse import _number, _state_words, _text, _time, load_json
 from relaunch.models import hostlist
 from relaunch.models.errors import SchedulerError
-from relaunch.models.scheduler import ExitCode, Job, JobState
+from relaunch.models.scheduler import ABNORMAL_END_STATES, ExitCode, Job, JobState
 
 # What a job end may call for recovery (JobState.is_abnormal_end), as sacct's --state names it.
-ENDED_STATES: tuple[JobState, ...] = (
-    JobState.FAILED,
-    JobState.NODE_FAIL,
-    JobState.OUT_OF_MEMORY,
-    JobState.TIMEOUT,
-    JobState.PREEMPTED,
-    JobState.CANCELLED,
-    JobState.BOOT_FAIL,
-    JobState.DEADLINE,
-)
+ENDED_STATES = ABNORMAL_END_STATES
 MAX_ROWS = 5_000  # jobs kept from one answer, at most
 MAX_NODES = 100_000  # hostlist expansion bound per job
 
