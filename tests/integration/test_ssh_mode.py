@@ -188,7 +188,8 @@ async def test_hostile_job_name_and_comment_reach_slurm_literally(
 ) -> None:
     pwned = workdir / "pwned"
     name = f"x; touch {pwned} `touch {pwned}`"
-    comment = f"relaunch=on,note=$(touch {pwned});'\"`id`"
+    # Tagged with a cluster no harness watches: other tests' watchers share this Slurm.
+    comment = f"relaunch=on,relaunch_cluster=ssh-literal,note=$(touch {pwned});'\"`id`"
     job_id = sbatch(
         slurm_env,
         f"--job-name={name}",
