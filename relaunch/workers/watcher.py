@@ -620,6 +620,10 @@ class Watcher:
         watch, news = poll.watch, []
         for stale in set(watch.node_since) - set(poll.job.nodes):
             del watch.node_since[stale]
+        if poll.job.state is JobState.COMPLETED:
+            # It ended well: a fault its old nodes report later is the next job's (or the
+            # node's alone), never a reason to recover this one.
+            return
         for node in poll.job.nodes:
             feed = self._feed(node)
             if watch.node_since.setdefault(node, self._pass) < self._pass:

@@ -282,6 +282,26 @@ async def test_kernel_log_xid_on_one_node(scheduler: FakeScheduler, tmp_path: Pa
     assert (found.kind, found.nodes) == ("signature:xid_48", ["n2"])
 
 
+async def test_a_job_that_completed_takes_no_news_from_its_old_nodes(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """A job that ended well is still listed for MinJobAge; a fault its old node reports after
+    it is not its own: no detection (no recovery under its name, no drain in its name)."""
+    n2_log = tmp_path / "nodes" / "n2" / "kern.log"
+    append(n2_log, "")
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []  # the job runs on n1, n2: their logs are opened
+    scheduler.set_job(state=JobState.COMPLETED, end_time=T0)
+    assert await watcher.poll_once(T0) == []
+    append(n2_log, XID_79)
+    assert await watcher.poll_once(T0) == []
+    # Ended badly, the same line is its news (a fault read just after the job died of it).
+    scheduler.set_job(state=JobState.FAILED, end_time=T0)
+    append(n2_log, XID_79.replace("79, GPU has fallen off the bus", "48, DBE"))
+    kinds = [d.kind for d in await watcher.poll_once(T0)]
+    assert "signature:xid_48" in kinds
+
+
 async def test_an_xid_the_catalogue_ignores_raises_nothing(
     scheduler: FakeScheduler, tmp_path: Path
 ) -> None:
