@@ -108,7 +108,8 @@ def cluster_parts(stack: Stack, home: ClusterHome) -> list[Part]:
             address=f"127.0.0.1:{slurm.slurmctld_port}",
             pid=cpid,
             healthy=bool(cpid) and bool(nodes_by_name),
-            detail=nodes_detail or f"SLURM_CONF={slurm.conf} cred_expire={slurm.cred_expire}s",
+            detail=nodes_detail
+            or f"Slurm {slurm.release} SLURM_CONF={slurm.conf} cred_expire={slurm.cred_expire}s",
         )
     )
     for node, port in zip(slurm.nodes, slurm.slurmd_ports, strict=True):

@@ -132,6 +132,7 @@ def test_cli_up_status_down_leaves_nothing_behind(short_tmp: Path) -> None:
     )
     assert status.returncode == 0 and "DOWN" not in status.stdout, status.stdout
     assert "slurmd n4" in status.stdout and f"127.0.0.1:{config.temporal_port}" in status.stdout
+    assert f"Slurm {SLURM_RELEASE} " in status.stdout, status.stdout
 
     # A running 2-node job whose processes record their pids.
     pids = tmp_path / "pids"
