@@ -241,7 +241,7 @@ async def test_the_watchers_brief_listing_equals_the_json_listing(
             "-J",
             "odd name",
             out,
-            "--comment=relaunch=on,x=a b|c;$(d)",
+            "--comment=relaunch=on,relaunch_cluster=slurm-actions,x=a b|c;$(d)",
             "--wrap=true",
         ),
         sbatch(slurm_env, "--hold", "--array=1-2", "-J", "arr", "--wrap=true"),
@@ -280,7 +280,7 @@ async def test_the_watchers_brief_listing_equals_the_json_listing(
     assert brief.keys() == full.keys()
     assert {ids[0], ids[1], ids[2]} <= brief.keys()
     assert brief[ids[1]].exit_code.code == 3 and brief[ids[0]].time_limit_minutes == 1563
-    assert brief[ids[2]].comment == "relaunch=on,x=a b|c;$(d)"
+    assert brief[ids[2]].comment == "relaunch=on,relaunch_cluster=slurm-actions,x=a b|c;$(d)"
     for job_id, job in full.items():
         assert {k: getattr(brief[job_id], k) for k in BRIEF_SAME} == {
             k: getattr(job, k) for k in BRIEF_SAME
