@@ -26,8 +26,12 @@ SLURM_TIERS := tests/adversarial $(addprefix tests/integration/test_,recovery.py
 	rollout.py cli_errors.py console_lifecycle.py catch_up.py)
 
 test: deps lint typecheck
-	RELAUNCH_TEST_SLURM=22.05 $(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS)
-	RELAUNCH_TEST_SLURM=24.11 $(PY) -m pytest -q -n 3 --dist loadgroup $(SLURM_TIERS) $(PYTEST_ARGS)
+	@status=0; \
+	echo "== every tier on Slurm 22.05"; \
+	RELAUNCH_TEST_SLURM=22.05 $(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS) || status=1; \
+	echo "== the Slurm-facing tiers on Slurm 24.11"; \
+	RELAUNCH_TEST_SLURM=24.11 $(PY) -m pytest -q -n 3 --dist loadgroup $(SLURM_TIERS) $(PYTEST_ARGS) || status=1; \
+	exit $$status
 
 test-22.05: deps
 	RELAUNCH_TEST_SLURM=22.05 $(PY) -m pytest -q -n 3 --dist loadgroup $(PYTEST_ARGS)
