@@ -114,6 +114,7 @@ async def arena(tier: Tier) -> AsyncIterator[Tier]:
     (a job submitted while a node still registers can be refused for good: BadConstraints);
     afterwards the test's jobs are cancelled, blocked FIFO writers released, and every node
     back in service."""
+    cancel_strangers(tier)
     await tier.h.restore_nodes()
     try:
         yield tier
@@ -124,3 +125,24 @@ async def arena(tier: Tier) -> AsyncIterator[Tier]:
         tier.h.jobs.clear()
         await tier.h.restore_nodes()
         tier.release_fifos()
+
+
+def cancel_strangers(tier: Tier) -> None:
+    """Cancel the jobs of earlier tests on this worker's cluster (their harnesses' own clean-up
+    may still be under way): the arena needs every node idle, and keeps the tier's own jobs."""
+    listed = subprocess.run(
+        ["squeue", "-h", "-t", "PENDING,RUNNING,SUSPENDED", "-o", "%i|%k"],
+        env=tier.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout
+    mine = f"relaunch_cluster={tier.h.config.name}"
+    strangers = [
+        job_id
+        for line in listed.splitlines()
+        if (job_id := line.partition("|")[0].strip()).isdigit() and mine not in line
+    ]
+    if strangers:
+        subprocess.run(["scancel", *strangers], env=tier.env, timeout=30, check=False)
