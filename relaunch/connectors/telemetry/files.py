@@ -84,7 +84,14 @@ def append_samples(path: str | os.PathLike[str], samples: list[TelemetrySample])
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(s.model_dump_json(exclude_none=True) + "\n" for s in samples).encode()
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    append_bytes(target, data)
+
+
+def append_bytes(path: Path, data: bytes, *, mode: int = 0o644, nofollow: bool = False) -> None:
+    """Append ``data`` through one ``O_APPEND`` descriptor, written whole (a reader sees whole
+    lines); ``nofollow`` refuses a link in place of the file."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0), mode)
     try:
         view = memoryview(data)
         while view:

@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaunch.connectors.telemetry.files import append_samples
+from relaunch.connectors.telemetry.files import append_bytes, append_samples
 from relaunch.connectors.telemetry.heartbeat import (
     heartbeat_path,
     remove_heartbeat,
@@ -162,14 +162,7 @@ def _append(path: Path, data: bytes) -> None:
     """Append ``data`` in one write on an O_APPEND descriptor (a reader sees whole lines);
     the folder and the file are the service's own (0750, 0640), never a link."""
     path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(path, flags, 0o640)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+    append_bytes(path, data, mode=0o640, nofollow=True)
 
 
 def _replace(path: Path, obj: dict[str, object]) -> None:
