@@ -179,8 +179,7 @@ def _adopt_host_identity(root: Path) -> None:
         target = root / "etc" / name
         target.unlink(missing_ok=True)
         target.symlink_to(f"/run/host-etc/{name}")
-    for sub in ("usr/local",):
-        (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "usr" / "local").mkdir(parents=True, exist_ok=True)
 
 
 def _run(argv: list[str], what: str, timeout: float) -> None:
