@@ -18,14 +18,11 @@ demo: deps
 #
 # Then the Slurm-facing tiers again on Slurm 24.11 (Debian 13's, in a root the first run builds
 # under ~/.cache/relaunch: docs/local-stack.md): recoveries end to end, node decisions, SSH
-# mode, slurmrestd, the catch-up, the adversarial tier. `make test-22.05` or `make test-24.11` runs one pass alone.
-# Not yet on 24.11 (issue 30's note): the node lifecycle's validation after a reboot stays in
-# `validating` there (test_lifecycle, test_console_lifecycle), and the Alertmanager intake test
-# sees another test's cancelled job (test_intake).
+# mode, slurmrestd, the catch-up, the node lifecycle, the intakes, the adversarial tier. `make test-22.05` or `make test-24.11` runs one pass alone.
 SLURM_TIERS := tests/adversarial $(addprefix tests/integration/test_,recovery.py workflow.py \
 	silent_failures.py slurm_actions.py slurmrestd.py slurmrestd_mode.py ssh_mode.py \
 	stack.py clusters.py trust_plan.py job_output.py guard_race.py health_intake.py \
-	rollout.py cli_errors.py catch_up.py)
+	rollout.py cli_errors.py catch_up.py lifecycle.py console_lifecycle.py intake.py)
 
 test: deps lint typecheck
 	@status=0; \

@@ -198,7 +198,13 @@ async def test_alertmanager_alert_on_a_running_job_s_node_is_recorded_and_restar
         # No recovery: the running job is left alone (and the intake's own records are no
         # incident either).
         await asyncio.sleep(5)
-        assert await h.audit.incidents(cluster=config.name) == []
+        started = await h.audit.incidents(cluster=config.name)
+        detections = [
+            (i.id, e.actor, e.summary, e.data.get("source"))
+            for i in started
+            for e in await h.events(i.id, "detection")
+        ]
+        assert started == [], f"job {job_id}'s alert started recoveries: {detections}"
 
 
 # ------------------------------------------------------------------ refusals, no stack job
