@@ -151,6 +151,7 @@ def test_renders_every_resource_well_formed(rendered: tuple[str, list[dict[str, 
     expected = {"ConfigMap": 1, "Deployment": 3, "Job": 1, "Service": 1, "ServiceAccount": 1}
     if mode == "ssh":
         expected["NetworkPolicy"] = 2  # values-ssh.yaml turns it on
+        expected["PodDisruptionBudget"] = 2  # and runs two consoles and two workers
     assert {k: len(kinds(docs, k)) for k in {d["kind"] for d in docs}} == expected
     for doc in docs:
         assert doc["apiVersion"] and doc["metadata"]["name"].startswith("rel-relaunch")

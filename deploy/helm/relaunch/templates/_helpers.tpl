@@ -451,6 +451,10 @@ has a directory of configurations (relaunch-entrypoint writes each one). */}}
 {{- end }}
 - name: HOME
   value: /tmp
+{{- if and $v.monitoring.enabled (has .component (list "worker" "watcher")) }}
+- name: {{ include "relaunch.metricsPortEnv" . }}
+  value: {{ include "relaunch.metricsPort" . | quote }}
+{{- end }}
 {{- if eq .component "worker" }}
 - name: RELAUNCH_WORKER_PROCESSES
   value: {{ $v.worker.processes | int | quote }}
@@ -500,6 +504,12 @@ with "args" where the command line is not `COMMAND --config /run/relaunch/cluste
     periodSeconds: 10
     timeoutSeconds: 5
   {{- else }}
+  {{- if $v.monitoring.enabled }}
+  ports:
+    - name: metrics
+      containerPort: {{ include "relaunch.metricsPort" . }}
+      protocol: TCP
+  {{- end }}
   # No HTTP endpoint: the probe checks what can go bad under a running process (the written
   # configuration, the key, known_hosts, certificate and token files it names, the munge socket).
   livenessProbe:
@@ -517,4 +527,26 @@ with "args" where the command line is not `COMMAND --config /run/relaunch/cluste
     {{- toYaml $v.securityContext | nindent 4 }}
   volumeMounts:
     {{- include "relaunch.volumeMounts" . | nindent 4 }}
+{{- end -}}
+
+
+{{/* Monitoring. The port a worker or watcher serves /metrics on, and the environment variable
+that tells the process: (dict "root" ctx "component" "worker"). */}}
+{{- define "relaunch.metricsPortEnv" -}}
+RELAUNCH_METRICS_PORT
+{{- end -}}
+
+{{- define "relaunch.metricsPort" -}}
+{{- index .root.Values.monitoring.ports .component | int -}}
+{{- end -}}
+
+{{/* The release's cluster names, as a PromQL regular expression (cluster=~`...`). */}}
+{{- define "relaunch.clusterRegex" -}}
+{{- $clusters := dict -}}
+{{- include "relaunch.clusterContexts" (dict "root" . "out" $clusters) -}}
+{{- $names := list -}}
+{{- range $clusters.items -}}
+{{- $names = append $names (regexQuoteMeta .Values.cluster.name) -}}
+{{- end -}}
+{{- join "|" $names -}}
 {{- end -}}
