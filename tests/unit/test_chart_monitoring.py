@@ -94,8 +94,11 @@ def _labels_match(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def test_monitoring_renders_a_service_monitor_over_every_process(helm: str) -> None:
-    docs = render("ssh", *MONITORING)
+    docs = render("ssh", *MONITORING, "monitoring.labels.release=kube-prometheus-stack")
     (monitor,) = kinds(docs, "ServiceMonitor")
+    (rule,) = kinds(docs, "PrometheusRule")
+    for selected_by_prometheus in (monitor, rule):
+        assert selected_by_prometheus["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["relaunch"]}
     endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
     assert set(endpoints) == {"metrics", "http"}
@@ -120,6 +123,8 @@ def test_monitoring_renders_a_service_monitor_over_every_process(helm: str) -> N
     for component, port in (("worker", 9464), ("watcher", 9410)):
         service = selected[component]
         assert service["metadata"]["labels"]["relaunch.io/cluster"] == "gpu-a"
+        assert service["spec"]["clusterIP"] == "None"
+        assert service["spec"]["publishNotReadyAddresses"] is True
         assert service["spec"]["ports"] == [
             {"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}
         ]
