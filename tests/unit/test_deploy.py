@@ -151,6 +151,7 @@ def test_renders_every_resource_well_formed(rendered: tuple[str, list[dict[str, 
     expected = {"ConfigMap": 1, "Deployment": 3, "Job": 1, "Service": 1, "ServiceAccount": 1}
     if mode == "ssh":
         expected["NetworkPolicy"] = 2  # values-ssh.yaml turns it on
+        expected["PodDisruptionBudget"] = 2  # and runs two consoles and two workers
     assert {k: len(kinds(docs, k)) for k in {d["kind"] for d in docs}} == expected
     for doc in docs:
         assert doc["apiVersion"] and doc["metadata"]["name"].startswith("rel-relaunch")
@@ -278,7 +279,18 @@ def test_secrets_reach_the_processes_only_by_reference(
 
 
 def test_watcher_runs_once_and_stops_slower_than_the_worker(helm: str) -> None:
-    docs = render("ssh", "watcher.replicas=3")
+    refused = _helm(
+        "template",
+        "rel",
+        str(CHART),
+        "-f",
+        str(CHART / "values-ssh.yaml"),
+        "--set",
+        "watcher.replicas=3",
+    )
+    assert refused.returncode != 0
+    assert "at '/watcher': additional properties 'replicas' not allowed" in refused.stderr
+    docs = render("ssh")
     watcher = deployment(docs, "watcher")["spec"]
     assert watcher["replicas"] == 1
     assert watcher["strategy"] == {"type": "Recreate"}
@@ -319,12 +331,13 @@ def test_console_service_selects_the_console(rendered: tuple[str, list[dict[str,
     ("sets", "message"),
     [
         (["cluster.name="], "cluster.name is required"),
-        (["mode=local"], "mode must be ssh or incluster"),
+        # values.schema.json refuses these before the templates' own checks run.
+        (["mode=local"], "at '/mode': value must be one of 'ssh', 'incluster'"),
         (["ssh.host="], "ssh.host is required"),
         (["database.existingSecret="], "database.existingSecret is required"),
-        (["worker.terminationGracePeriodSeconds=15"], "must exceed"),
-        (["worker.processes=0"], "worker.processes must be 1 to 64"),
-        (["worker.processes=65"], "worker.processes must be 1 to 64"),
+        (["worker.terminationGracePeriodSeconds=15"], "minimum: got 15, want 21"),
+        (["worker.processes=0"], "at '/worker/processes': minimum: got 0, want 1"),
+        (["worker.processes=65"], "at '/worker/processes': maximum: got 65, want 64"),
         (["console.tokens.existingSecret="], "console.tokens.existingSecret is required"),
     ],
 )
@@ -539,10 +552,10 @@ def test_one_console_reads_every_clusters_configuration(
     ("sets", "message"),
     [
         (["clusters[1].name=prod"], 'clusters: "prod" is listed twice'),
-        (["clusters[1].name=Research"], 'clusters[1].name "Research"'),
-        (["clusters[0].database.existingSecret=other"], 'clusters[prod]: unknown key "database"'),
+        (["clusters[1].name=Research"], "at '/clusters/1/name': 'Research' does not match"),
+        (["clusters[0].database.existingSecret=other"], "'database' not allowed"),
         (["clusters[0].ssh.existingSecret="], "clusters[prod]: ssh mode: ssh.existingSecret"),
-        (["clusters[1].worker.processes=65"], "clusters[research]: worker.processes must be"),
+        (["clusters[1].worker.processes=65"], "at '/clusters/1/worker/processes': maximum"),
     ],
 )
 def test_cluster_entries_that_cannot_work_are_refused(

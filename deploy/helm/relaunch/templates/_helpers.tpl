@@ -218,6 +218,9 @@ variable's value (from the database Secret) when it writes the configuration the
 {{- $_ := set $console "behind_tls" true -}}
 {{- end -}}
 {{- $_ := set $c "console" $console -}}
+{{- if $v.monitoring.enabled -}}
+{{- $_ := set $c "metrics" (dict "watch_address" (printf "0.0.0.0:%d" ($v.monitoring.ports.watcher | int)) "worker_address" (printf "0.0.0.0:%d" ($v.monitoring.ports.worker | int))) -}}
+{{- end -}}
 {{- toPrettyJson $c -}}
 {{- end -}}
 
@@ -500,6 +503,10 @@ with "args" where the command line is not `COMMAND --config /run/relaunch/cluste
     periodSeconds: 10
     timeoutSeconds: 5
   {{- else }}
+  {{- if $v.monitoring.enabled }}
+  ports:
+    {{- include "relaunch.metricsPorts" . | trim | nindent 4 }}
+  {{- end }}
   # No HTTP endpoint: the probe checks what can go bad under a running process (the written
   # configuration, the key, known_hosts, certificate and token files it names, the munge socket).
   livenessProbe:
@@ -517,4 +524,44 @@ with "args" where the command line is not `COMMAND --config /run/relaunch/cluste
     {{- toYaml $v.securityContext | nindent 4 }}
   volumeMounts:
     {{- include "relaunch.volumeMounts" . | nindent 4 }}
+{{- end -}}
+
+
+{{/* Monitoring. The port a worker or watcher serves /metrics (and /healthz) on, written into
+the configuration's `metrics` section: (dict "root" ctx "component" "worker"). */}}
+{{- define "relaunch.metricsPort" -}}
+{{- index .root.Values.monitoring.ports .component | int -}}
+{{- end -}}
+
+{{/* Its ports, named for the ServiceMonitor: `metrics`, and with worker.processes N > 1 the
+worker's process i (2..N) on port + i - 1 as `metrics-<i>`; as a container's (with "service":
+a Service's) ports list. */}}
+{{- define "relaunch.metricsPorts" -}}
+{{- $port := include "relaunch.metricsPort" . | int -}}
+{{- $count := 1 -}}
+{{- if eq .component "worker" -}}
+{{- $count = .root.Values.worker.processes | int -}}
+{{- end -}}
+{{- range $i := until $count }}
+{{- $name := ternary "metrics" (printf "metrics-%d" (add $i 1)) (eq $i 0) }}
+- name: {{ $name }}
+  {{- if hasKey $ "service" }}
+  port: {{ add $port $i }}
+  targetPort: {{ $name }}
+  {{- else }}
+  containerPort: {{ add $port $i }}
+  {{- end }}
+  protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/* The release's cluster names, as a PromQL regular expression (cluster=~`...`). */}}
+{{- define "relaunch.clusterRegex" -}}
+{{- $clusters := dict -}}
+{{- include "relaunch.clusterContexts" (dict "root" . "out" $clusters) -}}
+{{- $names := list -}}
+{{- range $clusters.items -}}
+{{- $names = append $names (regexQuoteMeta .Values.cluster.name) -}}
+{{- end -}}
+{{- join "|" $names -}}
 {{- end -}}
