@@ -176,7 +176,22 @@ async def _scenarios(
             if last is not None and last.stage in stages:
                 return last
             await asyncio.sleep(0.5)
-        raise AssertionError(f"{lid} not in {stages} after {timeout}s: {last}")
+        raise AssertionError(f"{lid} not in {stages} after {timeout}s: {last}\n{scene()}")
+
+    def scene() -> str:
+        """What a person would look at: the cluster's nodes, jobs and reservations, and the
+        worker's last words."""
+        shown = []
+        for argv in (
+            ["sinfo", "-N", "-h", "-o", "%N %T %E"],
+            ["squeue", "-h", "-t", "all", "-o", "%i %T %N %j %r"],
+            ["scontrol", "show", "reservation"],
+        ):
+            run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+            shown.append(f"$ {' '.join(argv)}\n{run.stdout}{run.stderr}")
+        worker = h.tmp / "worker.log"
+        tail = worker.read_text(errors="replace")[-4000:] if worker.exists() else ""
+        return "\n".join(shown) + f"\nworker.log (tail):\n{tail}"
 
     async def until_pending(lid: str, step: str, timeout: float = 150) -> LifecycleStatus:
         deadline = time.monotonic() + timeout
