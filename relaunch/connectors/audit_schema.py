@@ -254,8 +254,8 @@ MIGRATIONS: list[tuple[int, str]] = [
         -- default partition), then the rows themselves.
         select audit_create_partition(m::date) from generate_series(
             greatest(
-                date_trunc('month', (select min(at) from audit_events_unpartitioned)
-                    at time zone 'UTC'),
+                date_trunc('month', coalesce((select min(at) from audit_events_unpartitioned),
+                    now()) at time zone 'UTC'),
                 date_trunc('month', now() at time zone 'UTC') - interval '120 months'),
             date_trunc('month', now() at time zone 'UTC'),
             interval '1 month') m;

@@ -47,9 +47,11 @@ _VICTIMS = """
     order by i.id
 """
 
-# What a month's partition holds that must stay (the check audit_drop_partition makes).
+# What a month holds that must stay (the check audit_drop_partition makes; read through the
+# table, which the purge role may read, not the partition).
 _MONTH_BLOCKED = """
-    select exists (select 1 from (select distinct incident_id from {part}) p
+    select exists (select 1 from (select distinct incident_id from audit_events
+                                  where at >= %(lo)s and at < %(hi)s) p
                    join incidents i on i.id = p.incident_id
                    where i.cluster <> %(cluster)s
                       or (i.id not like 'intake-%%' and i.id not like 'rollout-%%'
@@ -277,10 +279,12 @@ async def _dry(
     report.rows = int(row[0]) if row else 0
     report.incidents = len(victims)
     for month in months:
-        query = _MONTH_BLOCKED.format(part=psycopg.sql.Identifier(month).as_string(conn))
+        hi = month_end(month)
+        assert hi is not None  # _months lists only monthly partitions
+        lo = (hi - timedelta(days=1)).replace(day=1)
         cur = await conn.execute(
-            query,  # the name is quoted as an identifier
-            {"cluster": report.cluster, "before": report.before},
+            _MONTH_BLOCKED,
+            {"cluster": report.cluster, "before": report.before, "lo": lo, "hi": hi},
         )
         row = await cur.fetchone()
         if row and not row[0]:

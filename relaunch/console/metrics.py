@@ -1,15 +1,21 @@
-"""``GET /metrics``: Prometheus metrics computed from the audit trail at scrape time.
+"""``GET /metrics``: Prometheus metrics counted from the audit trail.
 
-Counts come from the trail, not from process memory, so they survive restarts and agree with
-the console's pages. One SQL statement answers every series (aggregates only: the scrape's cost
-grows with the trail's size, not with the number of series), plus the process's own metrics.
-A token limited to some clusters scrapes the series of those clusters' incidents only.
-The scorecard's series (each served cluster's, from its own query) are in scorecard_metrics.py.
+Counts come from the trail, so they survive restarts and agree with the console's pages. The
+console reads the whole trail once (the first scrape), then at each scrape only the rows
+appended since (``AuditCounters``): a scrape costs O(new rows), not O(trail). ``full_snapshot``
+is the same numbers recounted by SQL aggregates (what every scrape used to run; the tests and
+bench/audit_scale.py compare the two). A token limited to some clusters scrapes the series of
+those clusters' incidents only. The scorecard's series are in scorecard_metrics.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import (
@@ -180,11 +186,30 @@ class AuditCollector(Collector):
             for r in s["refusals"]:
                 refusals.add_metric([r["guard"], cluster], float(r["n"]))
         yield refusals
+        failed = CounterMetricFamily(
+            "relaunch_recoveries_failed",
+            "Recoveries that ended in the failed stage.",
+            labels=["cluster"],
+        )
+        late = GaugeMetricFamily(
+            "relaunch_approvals_waiting_past_half_expiry",
+            "Recoveries waiting for an approval for more than half their approval timeout.",
+            labels=["cluster"],
+        )
+        for cluster, s in each.items():
+            if "failed" in s:
+                failed.add_metric([cluster], float(s["failed"]))
+                late.add_metric([cluster], float(s["past_half_expiry"]))
+        yield failed
+        yield late
 
 
-async def snapshot(db: ConsoleDb, clusters: list[str] | None = None) -> dict[str, dict[str, Any]]:
+async def full_snapshot(
+    db: ConsoleDb, clusters: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Every series' numbers for each cluster of ``clusters`` that has incidents (None: every
-    cluster), one statement per cluster."""
+    cluster), recounted from the whole trail by one statement per cluster (the reference the
+    incremental counters must equal; the new series are left out)."""
     rows = await db._rows("select distinct cluster from incidents order by 1")  # noqa: SLF001
     names = [str(r["cluster"]) for r in rows if clusters is None or r["cluster"] in clusters]
     snapshots: dict[str, dict[str, Any]] = {}
@@ -193,6 +218,211 @@ async def snapshot(db: ConsoleDb, clusters: list[str] | None = None) -> dict[str
         assert row is not None
         snapshots[name] = row
     return snapshots
+
+
+# The columns the counters read of each row (never the whole data document).
+_FEED = """
+    select e.id, e.incident_id, i.cluster, e.kind, e.at, e.stage,
+           coalesce(e.data->>'source', 'unknown') as source,
+           case when jsonb_typeof(e.data->'detection_latency_s') = 'number'
+                then (e.data->>'detection_latency_s')::float end as latency,
+           coalesce(e.data->>'category', 'unknown') as category,
+           coalesce(e.data->>'step', 'unknown') as step,
+           coalesce((e.data->>'changed')::boolean, false) as changed,
+           coalesce(e.data->>'guard', 'unknown') as guard,
+           coalesce((e.data->>'allowed')::boolean, true) as allowed
+    from audit_events e join incidents i on i.id = e.incident_id
+    where e.id > %(after)s
+      and e.kind in ('detection', 'verdict', 'action', 'stage', 'approval', 'rejection', 'guard')
+    order by e.id limit %(limit)s
+"""
+FEED_PAGE = 50_000
+# Ids are taken when a row is written and become visible when its transaction commits, so a
+# row may appear behind a higher id already read: each read looks this many ids back again
+# (rows already counted are skipped).
+LOOKBACK_IDS = 2_000
+DEFAULT_APPROVAL_TIMEOUT_S = 1800.0
+
+# The clusters with incidents, by a skip scan of incidents_job (cluster, job_id).
+_CLUSTERS = """
+    with recursive c as (
+        select min(cluster) as cluster from incidents
+        union all
+        select (select min(cluster) from incidents where cluster > c.cluster) from c
+        where c.cluster is not null)
+    select cluster from c where cluster is not null
+"""
+
+
+class _Histogram:
+    """Cumulative buckets of observations that can also be taken back."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = buckets
+        self.count = 0
+        self.total = 0.0
+        self.cumulative = [0] * len(buckets)
+
+    def add(self, value: float, sign: int = 1) -> None:
+        self.count += sign
+        self.total += sign * value
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.cumulative[i] += sign
+
+    def row(self) -> list[float]:
+        return [self.count, self.total, *self.cumulative]
+
+
+@dataclass
+class _Incident:
+    cluster: str
+    category: str = "unknown"
+    sources: Counter[str] = field(default_factory=Counter)
+    first_detection: datetime | None = None
+    first_action: datetime | None = None
+    waiting_since: datetime | None = None
+    failed: bool = False
+
+    def to_action(self) -> float | None:
+        if self.first_detection is None or self.first_action is None:
+            return None
+        return (self.first_action - self.first_detection).total_seconds()
+
+
+@dataclass
+class _Cluster:
+    detections: Counter[tuple[str, str]] = field(default_factory=Counter)
+    latency: _Histogram = field(default_factory=lambda: _Histogram(LATENCY_BUCKETS))
+    to_action: _Histogram = field(default_factory=lambda: _Histogram(TO_ACTION_BUCKETS))
+    actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    refusals: Counter[str] = field(default_factory=Counter)
+    failed: int = 0
+
+
+class AuditCounters:
+    """The console's series, kept in memory and brought up to date at each scrape from the
+    rows appended since the last (the first scrape reads the whole trail once). The same
+    numbers as ``full_snapshot``, at the cost of the new rows."""
+
+    def __init__(self, db: ConsoleDb) -> None:
+        self._db = db
+        self._lock = asyncio.Lock()
+        self._clusters: dict[str, _Cluster] = {}
+        self._incidents: dict[str, _Incident] = {}
+        self._after = 0  # rows at or below this id are counted (less the look-back)
+        self._recent: set[int] = set()  # ids above _after - LOOKBACK_IDS already counted
+        self.rows_read = 0  # rows taken from the database in all (a bench reads it)
+
+    async def catch_up(self) -> int:
+        """Count the rows appended since the last call; how many were new."""
+        async with self._lock:
+            new = 0
+            while True:
+                floor = max(0, self._after - LOOKBACK_IDS)
+                rows = await self._db._rows(  # noqa: SLF001
+                    _FEED, {"after": floor, "limit": FEED_PAGE}
+                )
+                self.rows_read += len(rows)
+                fresh = [r for r in rows if int(r["id"]) not in self._recent]
+                for row in fresh:
+                    self._count(row)
+                    self._recent.add(int(row["id"]))
+                new += len(fresh)
+                if rows:
+                    self._after = max(self._after, int(rows[-1]["id"]))
+                low = self._after - LOOKBACK_IDS
+                self._recent = {i for i in self._recent if i > low}
+                if len(rows) < FEED_PAGE:
+                    return new
+
+    def _count(self, row: dict[str, Any]) -> None:
+        incident = self._incidents.get(row["incident_id"])
+        if incident is None:
+            incident = self._incidents[row["incident_id"]] = _Incident(row["cluster"])
+        cl = self._clusters.setdefault(incident.cluster, _Cluster())
+        kind, at = row["kind"], row["at"]
+        before = incident.to_action()
+        if kind == "detection":
+            cl.detections[(row["source"], incident.category)] += 1
+            incident.sources[row["source"]] += 1
+            if row["latency"] is not None:
+                cl.latency.add(float(row["latency"]))
+            if incident.first_detection is None or at < incident.first_detection:
+                incident.first_detection = at
+        elif kind == "verdict" and row["category"] != incident.category:
+            for source, n in incident.sources.items():
+                cl.detections[(source, incident.category)] -= n
+                cl.detections[(source, row["category"])] += n
+            cl.detections = +cl.detections  # a category no detection holds is no series
+            incident.category = row["category"]
+        elif kind == "action":
+            cl.actions[(row["step"], "done" if row["changed"] else "unchanged")] += 1
+            if incident.first_action is None or at < incident.first_action:
+                incident.first_action = at
+        elif kind == "guard" and not row["allowed"]:
+            cl.refusals[row["guard"]] += 1
+        if kind in ("stage", "approval", "rejection"):
+            waiting = kind == "stage" and row["stage"] == Stage.AWAITING_APPROVAL.value
+            incident.waiting_since = at if waiting else None
+            if kind == "stage" and row["stage"] == Stage.FAILED.value and not incident.failed:
+                incident.failed = True
+                cl.failed += 1
+        after = incident.to_action()
+        if after != before:
+            if before is not None:
+                cl.to_action.add(before, -1)
+            if after is not None:
+                cl.to_action.add(after)
+
+    async def snapshot(
+        self, clusters: list[str] | None = None, timeouts: dict[str, float] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Brought up to date, the numbers of each cluster of ``clusters`` that has incidents
+        (None: every one), in ``full_snapshot``'s shape plus ``failed`` and
+        ``past_half_expiry`` (approvals waiting longer than half the cluster's
+        ``approval_timeout_s`` in ``timeouts``)."""
+        await self.catch_up()
+        names = [str(r["cluster"]) for r in await self._db._rows(_CLUSTERS)]  # noqa: SLF001
+        now = datetime.now(UTC)
+        waiting: dict[str, list[datetime]] = {}
+        for incident in self._incidents.values():
+            if incident.waiting_since is not None:
+                waiting.setdefault(incident.cluster, []).append(incident.waiting_since)
+        out: dict[str, dict[str, Any]] = {}
+        for name in sorted(names):
+            if clusters is not None and name not in clusters:
+                continue
+            cl = self._clusters.get(name, _Cluster())
+            half = timedelta(seconds=(timeouts or {}).get(name, DEFAULT_APPROVAL_TIMEOUT_S) / 2)
+            since = waiting.get(name, [])
+            out[name] = {
+                "detections": [
+                    {"source": s, "category": c, "n": n}
+                    for (s, c), n in sorted(cl.detections.items())
+                ],
+                "latency": cl.latency.row(),
+                "to_action": cl.to_action.row(),
+                "actions": [
+                    {"step": s, "result": r, "n": n} for (s, r), n in sorted(cl.actions.items())
+                ],
+                "pending": len(since),
+                "refusals": [{"guard": g, "n": n} for g, n in sorted(cl.refusals.items())],
+                "failed": cl.failed,
+                "past_half_expiry": sum(1 for at in since if now - at > half),
+            }
+        return out
+
+
+_COUNTERS: weakref.WeakKeyDictionary[ConsoleDb, AuditCounters] = weakref.WeakKeyDictionary()
+
+
+def counters_of(db: ConsoleDb) -> AuditCounters:
+    """The console's counters (one per database handle, made at the first scrape)."""
+    counters = _COUNTERS.get(db)
+    if counters is None:
+        counters = _COUNTERS[db] = AuditCounters(db)
+    return counters
 
 
 _PROCESS = CollectorRegistry(auto_describe=False)
@@ -212,8 +442,12 @@ async def render(
     the served clusters in ``configs``."""
     key = ("metrics",) if clusters is None else ("metrics", tuple(clusters))
     registry = CollectorRegistry(auto_describe=False)
+    counters = counters_of(db)
+    timeouts = {cl.name: cl.policy.approval_timeout_s for cl in configs}
     registry.register(
-        AuditCollector(await db.cached(key, SNAPSHOT_TTL_S, lambda: snapshot(db, clusters)))
+        AuditCollector(
+            await db.cached(key, SNAPSHOT_TTL_S, lambda: counters.snapshot(clusters, timeouts))
+        )
     )
     registry.register(ScorecardCollector(await scorecards(db, configs)))
     return generate_latest(registry) + generate_latest(_PROCESS)
