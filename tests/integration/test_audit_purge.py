@@ -50,7 +50,7 @@ def _as(url: str, *, user: str | None = None, dbname: str | None = None) -> str:
 def _fresh(pg_url: str) -> str:
     name = f"purge_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')  # type: ignore[arg-type]
+        conn.execute(f'create database "{name}"')
     return _as(pg_url, dbname=name)
 
 
@@ -148,7 +148,7 @@ async def test_migration_6_moves_every_row_into_monthly_partitions(pg_url: str) 
         assert f"audit_events_p{OLD:%Y%m}" in parts and f"audit_events_p{NOW:%Y%m}" in parts
         ahead = (NOW.replace(day=1) + timedelta(days=95)).strftime("%Y%m")
         assert f"audit_events_p{ahead}" in parts  # three months ahead
-        assert conn.execute(f"select count(*) from audit_events_p{OLD:%Y%m}").fetchone() == (3,)  # type: ignore[arg-type]
+        assert conn.execute(f"select count(*) from audit_events_p{OLD:%Y%m}").fetchone() == (3,)
         assert conn.execute("select count(*) from audit_dedupe").fetchone() == (12,)
 
     store = await AuditStore.open(url)
@@ -169,14 +169,14 @@ async def test_migration_6_moves_every_row_into_monthly_partitions(pg_url: str) 
 
 def _grants(url: str, role: str, *extra: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"create role {role} login")  # type: ignore[arg-type]
+        conn.execute(f"create role {role} login")
     printed = relaunch(
         "setup", "db", "--dsn-env", "OWNER", "--print-grants", role, *extra, env={"OWNER": url}
     )
     assert printed.returncode == 0, printed.stderr
     with psycopg.connect(url, autocommit=True) as conn:
         for statement in printed.stdout.strip().splitlines():
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement)
 
 
 async def test_purge_deletes_only_incidents_wholly_older_with_rows_and_bundles(
@@ -319,7 +319,7 @@ async def test_nothing_but_the_purge_deletes_updates_or_truncates(pg_url: str) -
     with psycopg.connect(_as(url, user=svc), autocommit=True) as conn:
         for what, statement in writes.items():
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
                 pytest.fail(f"the services' role could {what}")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the owner's functions
             conn.execute("select audit_drop_partition(%s, now(), 'prod')", (month,))
@@ -327,10 +327,10 @@ async def test_nothing_but_the_purge_deletes_updates_or_truncates(pg_url: str) -
     with psycopg.connect(_as(url, user=purger), autocommit=True) as conn:
         for statement in (writes["delete"], writes["delete incident"]):
             with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
         for what in ("update", "truncate", "truncate partition", "drop trigger"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute(writes[what])  # type: ignore[arg-type]
+                conn.execute(writes[what])
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("insert into audit_events (incident_id, kind, at, actor)"
                          " values (%s, 'x', now(), 'w')", (incident,))  # fmt: skip
@@ -338,13 +338,13 @@ async def test_nothing_but_the_purge_deletes_updates_or_truncates(pg_url: str) -
     with psycopg.connect(url, autocommit=True) as conn:
         for what in ("delete", "update", "truncate", "truncate partition", "truncate dedupe"):
             with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
-                conn.execute(writes[what])  # type: ignore[arg-type]
+                conn.execute(writes[what])
         conn.execute(
             "insert into audit_purges (by, cluster, before, phase) values ('a', 'p', now(), 'done')"
         )
         for statement in ("update audit_purges set by = 'x'", "delete from audit_purges"):
             with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
         assert conn.execute("select count(*) from audit_events").fetchone() == (1,)
 
 
