@@ -438,11 +438,11 @@ class AuditStore:
                        (select p.nodes from audit_events p where p.incident_id = i.id
                        and p.kind = 'plan' and i.job_id = '' order by p.id desc limit 1),
                        '{{}}') as nodes
-            from recoveries i left join audit_events e on e.incident_id = i.id
-            where {" and ".join(where)}
+            from (select * from recoveries i where {" and ".join(where)}
+                  order by i.created_at desc limit %s) i
+            left join audit_events e on e.incident_id = i.id
             group by i.id, i.cluster, i.job_id, i.attempt, i.created_at
             order by i.created_at desc
-            limit %s
         """
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql, (*args, limit))

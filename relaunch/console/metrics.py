@@ -33,6 +33,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from psycopg.rows import dict_row
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -236,6 +237,55 @@ _FEED = """
       and e.kind in ('detection', 'verdict', 'action', 'stage', 'approval', 'rejection', 'guard')
     order by e.id limit %(limit)s
 """
+_KINDS = "('detection', 'verdict', 'action', 'stage', 'approval', 'rejection', 'guard')"
+
+# The seed: the same state as feeding every row up to %(upto)s, aggregated by the server (one
+# snapshot): each incident's state, its detections by source, each cluster's sums.
+_SEED_INCIDENTS = f"""
+    select e.incident_id, i.cluster,
+           (array_agg(coalesce(e.data->>'category', 'unknown') order by e.id desc)
+               filter (where e.kind = 'verdict'))[1] as category,
+           min(e.at) filter (where e.kind = 'detection') as first_detection,
+           min(e.at) filter (where e.kind = 'action') as first_action,
+           (array_agg(case when e.kind = 'stage'
+                            and e.stage = '{Stage.AWAITING_APPROVAL.value}' then e.at end
+                      order by e.id desc)
+               filter (where e.kind in ('stage', 'approval', 'rejection')))[1] as waiting_since,
+           coalesce(bool_or(e.kind = 'stage' and e.stage = '{Stage.FAILED.value}'), false)
+               as failed
+    from audit_events e join incidents i on i.id = e.incident_id
+    where e.id <= %(upto)s and e.kind in {_KINDS}
+    group by e.incident_id, i.cluster
+"""
+_SEED_SOURCES = """
+    select incident_id, coalesce(data->>'source', 'unknown') as source, count(*) as n
+    from audit_events where kind = 'detection' and id <= %(upto)s group by 1, 2
+"""
+_SEED_LATENCY = """
+    select i.cluster, (e.data->>'detection_latency_s')::float as v
+    from audit_events e join incidents i on i.id = e.incident_id
+    where e.kind = 'detection' and jsonb_typeof(e.data->'detection_latency_s') = 'number'
+      and e.id <= %(upto)s
+"""
+_SEED_LATENCY_SQL = (
+    "select cluster, count(*) as count, coalesce(sum(v), 0) as total, "
+    + ", ".join(
+        f"count(*) filter (where v <= {b!r}) as b{i}" for i, b in enumerate(LATENCY_BUCKETS)
+    )
+    + f" from ({_SEED_LATENCY}) h group by cluster"
+)
+_SEED_ACTIONS = """
+    select i.cluster, coalesce(e.data->>'step', 'unknown') as step,
+           coalesce((e.data->>'changed')::boolean, false) as changed, count(*) as n
+    from audit_events e join incidents i on i.id = e.incident_id
+    where e.kind = 'action' and e.id <= %(upto)s group by 1, 2, 3
+"""
+_SEED_REFUSALS = """
+    select i.cluster, coalesce(e.data->>'guard', 'unknown') as guard, count(*) as n
+    from audit_events e join incidents i on i.id = e.incident_id
+    where e.kind = 'guard' and not coalesce((e.data->>'allowed')::boolean, true)
+      and e.id <= %(upto)s group by 1, 2
+"""
 FEED_PAGE = 50_000
 # Ids are taken when a row is written and become visible when its transaction commits, so a
 # row may appear behind a higher id already read: each read looks this many ids back again
@@ -313,11 +363,77 @@ class AuditCounters:
         self._after = 0  # rows at or below this id are counted (less the look-back)
         self._recent: set[int] = set()  # ids above _after - LOOKBACK_IDS already counted
         self.rows_read = 0  # rows taken from the database in all (a bench reads it)
+        self._seeded = False
+
+    async def _seed(self) -> int:
+        """The state of every row so far, aggregated by the server in one snapshot (the
+        console's first scrape); how many rows it covers."""
+        async with self._db.connection() as conn, conn.transaction():
+            await conn.execute("set transaction isolation level repeatable read, read only")
+            async with conn.cursor(row_factory=dict_row) as cur:
+
+                async def rows(sql: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+                    await cur.execute(sql, args)
+                    return list(await cur.fetchall())
+
+                top = await rows(
+                    "select coalesce(max(id), 0) as upto, count(*) as n from audit_events", {}
+                )
+                upto, covered = int(top[0]["upto"]), int(top[0]["n"])
+                at = {"upto": upto}
+                incidents = await rows(_SEED_INCIDENTS, at)
+                sources = await rows(_SEED_SOURCES, at)
+                latency = await rows(_SEED_LATENCY_SQL, at)
+                actions = await rows(_SEED_ACTIONS, at)
+                refusals = await rows(_SEED_REFUSALS, at)
+                recent = await rows(
+                    "select id from audit_events where id > %(low)s and id <= %(upto)s",
+                    {"low": upto - LOOKBACK_IDS, "upto": upto},
+                )
+        for r in incidents:
+            self._incidents[r["incident_id"]] = _Incident(
+                r["cluster"],
+                category=r["category"] or "unknown",
+                first_detection=r["first_detection"],
+                first_action=r["first_action"],
+                waiting_since=r["waiting_since"],
+                failed=bool(r["failed"]),
+            )
+        for r in sources:
+            incident = self._incidents.get(r["incident_id"])
+            if incident is not None:
+                incident.sources[r["source"]] += int(r["n"])
+        for incident in self._incidents.values():
+            cl = self._clusters.setdefault(incident.cluster, _Cluster())
+            for source, n in incident.sources.items():
+                cl.detections[(source, incident.category)] += n
+            cl.failed += incident.failed
+            to_action = incident.to_action()
+            if to_action is not None:
+                cl.to_action.add(to_action)
+        for r in latency:
+            h = self._clusters.setdefault(r["cluster"], _Cluster()).latency
+            h.count, h.total = int(r["count"]), float(r["total"])
+            h.cumulative = [int(r[f"b{i}"]) for i in range(len(LATENCY_BUCKETS))]
+        for r in actions:
+            result = "done" if r["changed"] else "unchanged"
+            self._clusters.setdefault(r["cluster"], _Cluster()).actions[(r["step"], result)] += int(
+                r["n"]
+            )
+        for r in refusals:
+            self._clusters.setdefault(r["cluster"], _Cluster()).refusals[r["guard"]] += int(r["n"])
+        self._after = upto
+        self._recent = {int(r["id"]) for r in recent}
+        self._seeded = True
+        self.rows_read += len(incidents) + len(sources) + len(recent)
+        return covered
 
     async def catch_up(self) -> int:
         """Count the rows appended since the last call; how many were new."""
         async with self._lock:
             new = 0
+            if not self._seeded:
+                new += await self._seed()
             while True:
                 floor = max(0, self._after - LOOKBACK_IDS)
                 rows = await self._db._rows(  # noqa: SLF001

@@ -164,6 +164,42 @@ async def test_migration_6_moves_every_row_into_monthly_partitions(pg_url: str) 
         await store.close()
 
 
+async def test_a_row_before_every_month_made_waits_in_default_and_moves_into_its_month(
+    pg_url: str, tmp_path: Path
+) -> None:
+    url = _fresh(pg_url)
+    await _migrate_to(url, 6)
+    purger = f"purge_{uuid.uuid4().hex[:6]}"
+    _grants(url, purger, "--purge")
+    store = await AuditStore.open(url)
+    try:
+        await store.ensure_incident("relaunch-prod-5-0", "prod", "5", 0)
+        assert await store.record(
+            AuditRecord(incident_id="relaunch-prod-5-0", kind="detection", at=OLD),
+            dedupe_key="late",
+        )
+    finally:
+        await store.close()
+    month = f"audit_events_p{OLD:%Y%m}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("select count(*) from audit_events_default").fetchone() == (1,)
+        assert conn.execute("select audit_create_partition(%s)", (OLD.date(),)).fetchone() == (
+            True,
+        )
+        assert conn.execute("select count(*) from audit_events_default").fetchone() == (0,)
+        assert conn.execute(f"select count(*) from {month}").fetchone() == (1,)
+        # The moved row is still refused to everyone but a purge, and its key still dedupes.
+        with pytest.raises(psycopg.errors.RaiseException, match="TRUNCATE is refused"):
+            conn.execute(f"truncate {month}")
+    # `relaunch audit maintain` as the purge role: the months ahead exist already.
+    maintained = relaunch(
+        "audit", "maintain", "--config", str(_config(tmp_path, url)), "--dsn-env", "P",
+        env={"P": _as(url, user=purger)},
+    )  # fmt: skip
+    assert maintained.returncode == 0, maintained.stderr
+    assert "0 made, this month and the next 3 ready" in maintained.stdout
+
+
 # ---------------------------------------------------------------------- purge
 
 
