@@ -44,6 +44,7 @@ from relaunch.connectors.audit import AuditStore, migrate  # noqa: E402
 from relaunch.console.app import create_app  # noqa: E402
 from relaunch.console.auth import ConsoleRole, write_tokens  # noqa: E402
 from relaunch.console.metrics import SCOPED_SNAPSHOT_SQL  # noqa: E402
+from relaunch.console.queries import ConsoleDb  # noqa: E402
 from relaunch.devstack import services  # noqa: E402
 from relaunch.models.config import ClusterConfig  # noqa: E402
 
@@ -146,10 +147,19 @@ async def direct(url: str, repeat: int) -> dict[str, Any]:
         async def listing() -> None:
             await store.incidents(cluster=CLUSTER, limit=100)
 
-        return {
-            "metrics_full_aggregate": _stats(await _timed(scrape, repeat)),
-            "incident_list_store": _stats(await _timed(listing, repeat)),
-        }
+        db = ConsoleDb(url)
+        await db.start()
+        db._schema_checked = True  # noqa: SLF001  # the "before" database is older than this code
+        try:
+            return {
+                "metrics_full_aggregate": _stats(await _timed(scrape, repeat)),
+                "incident_list_store": _stats(await _timed(listing, repeat)),
+                "console_open_incidents": _stats(await _timed(db.open_incidents, repeat)),
+                "console_recent_incidents": _stats(await _timed(db.recent_incidents, repeat)),
+                "console_pending_approvals": _stats(await _timed(db.pending_approvals, repeat)),
+            }
+        finally:
+            await db.close()
     finally:
         await pool.close()
 
@@ -226,6 +236,11 @@ def write_report(data: dict[str, Any]) -> None:
         f"{c['metrics_later_scrapes_100_new_rows']['max_ms']} ms |",
         f"| incident list, the store's query (p50) | {b['incident_list_store']['p50_ms']} ms | "
         f"{a['incident_list_store']['p50_ms']} ms |",
+        *[
+            f"| console query `{q}` (p50) | {b['console_' + q]['p50_ms']} ms | "
+            f"{a['console_' + q]['p50_ms']} ms |"
+            for q in ("open_incidents", "recent_incidents", "pending_approvals")
+        ],
         f"| `/fragments/incidents` (p50) | — | {c['incidents_fragment']['p50_ms']} ms |",
         f"| `/api/v1/incidents` (p50) | — | {c['api_v1_incidents']['p50_ms']} ms |",
         "",

@@ -421,17 +421,12 @@ class AuditStore:
         if since:
             where.append("i.created_at >= %s")
             args.append(since)
+        # The page of incidents first, then each one's rows (a lateral join: the rows of a
+        # hundred incidents, by index, whatever the trail's size or partitions).
         sql = f"""
             select i.id, i.cluster, i.job_id, i.attempt, i.created_at,
-                   coalesce(max(e.at), i.created_at) as last_at,
-                   (array_agg(e.stage order by e.id desc) filter (where e.kind = 'stage'))[1]
-                       as stage,
-                   (array_agg(e.data->>'category' order by e.id desc)
-                       filter (where e.kind = 'verdict'))[1] as category,
-                   (array_agg(e.data->>'action' order by e.id desc)
-                       filter (where e.kind = 'plan'))[1] as action,
-                   (array_agg(e.data->>'mode' order by e.id desc)
-                       filter (where e.kind = 'plan'))[1] as mode,
+                   coalesce(a.last_at, i.created_at) as last_at, a.stage, a.category,
+                   a.action, a.mode,
                    coalesce((select v.nodes from audit_events v where v.incident_id = i.id
                        and v.kind = 'verdict' order by v.id desc limit 1),
                        -- a node decision has no verdict: its node is its plan's
@@ -440,8 +435,17 @@ class AuditStore:
                        '{{}}') as nodes
             from (select * from recoveries i where {" and ".join(where)}
                   order by i.created_at desc limit %s) i
-            left join audit_events e on e.incident_id = i.id
-            group by i.id, i.cluster, i.job_id, i.attempt, i.created_at
+            left join lateral (
+                select max(e.at) as last_at,
+                   (array_agg(e.stage order by e.id desc) filter (where e.kind = 'stage'))[1]
+                       as stage,
+                   (array_agg(e.data->>'category' order by e.id desc)
+                       filter (where e.kind = 'verdict'))[1] as category,
+                   (array_agg(e.data->>'action' order by e.id desc)
+                       filter (where e.kind = 'plan'))[1] as action,
+                   (array_agg(e.data->>'mode' order by e.id desc)
+                       filter (where e.kind = 'plan'))[1] as mode
+                from audit_events e where e.incident_id = i.id) a on true
             order by i.created_at desc
         """
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:

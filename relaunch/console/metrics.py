@@ -364,6 +364,7 @@ class AuditCounters:
         self._recent: set[int] = set()  # ids above _after - LOOKBACK_IDS already counted
         self.rows_read = 0  # rows taken from the database in all (a bench reads it)
         self._seeded = False
+        self._task: asyncio.Task[int] | None = None
 
     async def _seed(self) -> int:
         """The state of every row so far, aggregated by the server in one snapshot (the
@@ -429,7 +430,14 @@ class AuditCounters:
         return covered
 
     async def catch_up(self) -> int:
-        """Count the rows appended since the last call; how many were new."""
+        """Count the rows appended since the last call; how many were new. One catch-up runs
+        at a time, as a task of its own that concurrent scrapes share: a scrape that gives up
+        (a client's timeout during the first, long one) does not cancel it."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._catch_up())
+        return await asyncio.shield(self._task)
+
+    async def _catch_up(self) -> int:
         async with self._lock:
             new = 0
             if not self._seeded:
