@@ -425,6 +425,7 @@ def config_check(config_path: Path) -> None:
     click.echo(printable(summary(config_path, config)))
 
 
+from relaunch.cli import audit as audit_commands  # noqa: E402
 from relaunch.cli import console as console_commands  # noqa: E402
 from relaunch.cli import incidents as incident_commands  # noqa: E402
 from relaunch.cli import rollout as rollout_commands  # noqa: E402
@@ -436,6 +437,7 @@ verdict_commands.register(cli)
 console_commands.register(cli)
 rollout_commands.register(cli)
 setup_commands.register(cli)
+audit_commands.register(cli)
 
 from relaunch.workers import agent as agent_command  # noqa: E402
 

@@ -108,12 +108,22 @@ def register(cli: click.Group) -> None:
         help="Print, instead of migrating, the GRANT statements that let ROLE run the "
         "services on the migrated database (read and append only), for psql.",
     )
+    @click.option(
+        "--purge",
+        "purge_role",
+        is_flag=True,
+        help="With --print-grants: the grants of the purge role instead (`relaunch audit "
+        "purge|maintain`: read, delete the trail's rows, record the purge, make and drop "
+        "monthly partitions through the owner's functions; no update, truncate or schema "
+        "change).",
+    )
     def setup_db_cmd(
         config_path: Path | None,
         cluster: str,
         state_dir: Path,
         dsn_env: str | None,
         grants_role: str | None,
+        purge_role: bool,
     ) -> None:
         """Migrate the audit database's schema to this release's version (as
         `relaunch db migrate`), or print the grants of the services' role."""
@@ -122,6 +132,8 @@ def register(cli: click.Group) -> None:
         try:
             dsn = _dsn(config_path, cluster, state_dir, dsn_env)
             if grants_role is None:
+                if purge_role:
+                    raise RelaunchError("--purge goes with --print-grants ROLE")
                 _migrate(dsn)
                 return
             if not ROLE_RE.fullmatch(grants_role):
@@ -129,7 +141,7 @@ def register(cli: click.Group) -> None:
                     f"--print-grants: {grants_role!r} is not a plain role name "
                     "(lower-case letters, digits and _, at most 63)"
                 )
-            for line in asyncio.run(grant_statements(dsn, grants_role)):
+            for line in asyncio.run(grant_statements(dsn, grants_role, purge=purge_role)):
                 click.echo(printable(line))
         except RelaunchError as exc:
             _fail(exc)

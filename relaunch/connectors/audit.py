@@ -1,8 +1,9 @@
 """The audit trail in PostgreSQL: incidents and an append-only log of what happened to each.
 
 Every detection, evidence bundle, verdict, plan, guard decision, approval, action and stage
-change is one row in ``audit_events``. Rows are never updated or deleted (a trigger refuses
-it). Writers pass a ``dedupe_key`` so that a retried activity records its row once.
+change is one row in ``audit_events`` (monthly partitions on ``at``). Rows are never updated,
+and deleted only by `relaunch audit purge` (relaunch/connectors/retention.py; a trigger refuses
+everyone else). Writers pass a ``dedupe_key`` so that a retried activity records its row once.
 """
 
 from __future__ import annotations
@@ -123,23 +124,28 @@ class StoredEvent(AuditRecord):
 
 
 async def _insert(conn: AsyncConnection[Any], record: AuditRecord, dedupe_key: str | None) -> bool:
-    """Insert one audit row; False when its dedupe key is already there."""
+    """Insert one audit row; False when its dedupe key is already there. The key goes into
+    ``audit_dedupe`` in the same statement (the partitioned table cannot hold a unique key
+    without its partition key): a row is written only when its key is new."""
     cur = await conn.execute(
-        "insert into audit_events"
+        "with k as (insert into audit_dedupe (dedupe_key, incident_id, at)"
+        " select %(key)s, %(incident)s, %(at)s where %(key)s::text is not null"
+        " on conflict (dedupe_key) do nothing returning 1)"
+        " insert into audit_events"
         " (incident_id, kind, at, actor, stage, nodes, summary, data, dedupe_key)"
-        " values (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        " on conflict (dedupe_key) do nothing",
-        (
-            record.incident_id,
-            record.kind,
-            record.at,
-            record.actor,
-            record.stage,
-            list(record.nodes),
-            record.summary,
-            Jsonb(json.loads(json.dumps(record.data, default=str))),
-            dedupe_key,
-        ),
+        " select %(incident)s, %(kind)s, %(at)s, %(actor)s, %(stage)s, %(nodes)s, %(summary)s,"
+        " %(data)s, %(key)s where %(key)s::text is null or exists (select 1 from k)",
+        {
+            "incident": record.incident_id,
+            "kind": record.kind,
+            "at": record.at,
+            "actor": record.actor,
+            "stage": record.stage,
+            "nodes": list(record.nodes),
+            "summary": record.summary,
+            "data": Jsonb(json.loads(json.dumps(record.data, default=str))),
+            "key": dedupe_key,
+        },
     )
     return bool(cur.rowcount == 1)
 
@@ -302,7 +308,7 @@ class AuditStore:
         """Whether a row was recorded under this dedupe key (a step done before a retry)."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "select 1 from audit_events where dedupe_key = %s", (dedupe_key,)
+                "select 1 from audit_dedupe where dedupe_key = %s", (dedupe_key,)
             )
             return await cur.fetchone() is not None
 
@@ -317,7 +323,7 @@ class AuditStore:
                 "select q.id, q.incident_id, q.kind, q.at, q.actor, q.stage, q.nodes, q.summary,"
                 " q.data from audit_events q join incidents i on i.id = q.incident_id"
                 " where q.kind = 'notification_queued' and i.cluster = %s and q.at >= %s"
-                " and not exists (select 1 from audit_events d where d.dedupe_key = any("
+                " and not exists (select 1 from audit_dedupe d where d.dedupe_key = any("
                 "  array[q.data->>'sent_key', q.data->>'failed_key']))"
                 " order by q.id limit %s",
                 (cluster, since, limit),
@@ -415,9 +421,22 @@ class AuditStore:
         if since:
             where.append("i.created_at >= %s")
             args.append(since)
+        # The page of incidents first, then each one's rows (a lateral join: the rows of a
+        # hundred incidents, by index, whatever the trail's size or partitions).
         sql = f"""
             select i.id, i.cluster, i.job_id, i.attempt, i.created_at,
-                   coalesce(max(e.at), i.created_at) as last_at,
+                   coalesce(a.last_at, i.created_at) as last_at, a.stage, a.category,
+                   a.action, a.mode,
+                   coalesce((select v.nodes from audit_events v where v.incident_id = i.id
+                       and v.kind = 'verdict' order by v.id desc limit 1),
+                       -- a node decision has no verdict: its node is its plan's
+                       (select p.nodes from audit_events p where p.incident_id = i.id
+                       and p.kind = 'plan' and i.job_id = '' order by p.id desc limit 1),
+                       '{{}}') as nodes
+            from (select * from recoveries i where {" and ".join(where)}
+                  order by i.created_at desc limit %s) i
+            left join lateral (
+                select max(e.at) as last_at,
                    (array_agg(e.stage order by e.id desc) filter (where e.kind = 'stage'))[1]
                        as stage,
                    (array_agg(e.data->>'category' order by e.id desc)
@@ -425,18 +444,9 @@ class AuditStore:
                    (array_agg(e.data->>'action' order by e.id desc)
                        filter (where e.kind = 'plan'))[1] as action,
                    (array_agg(e.data->>'mode' order by e.id desc)
-                       filter (where e.kind = 'plan'))[1] as mode,
-                   coalesce((select v.nodes from audit_events v where v.incident_id = i.id
-                       and v.kind = 'verdict' order by v.id desc limit 1),
-                       -- a node decision has no verdict: its node is its plan's
-                       (select p.nodes from audit_events p where p.incident_id = i.id
-                       and p.kind = 'plan' and i.job_id = '' order by p.id desc limit 1),
-                       '{{}}') as nodes
-            from recoveries i left join audit_events e on e.incident_id = i.id
-            where {" and ".join(where)}
-            group by i.id, i.cluster, i.job_id, i.attempt, i.created_at
+                       filter (where e.kind = 'plan'))[1] as mode
+                from audit_events e where e.incident_id = i.id) a on true
             order by i.created_at desc
-            limit %s
         """
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql, (*args, limit))

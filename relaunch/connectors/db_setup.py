@@ -104,13 +104,24 @@ def migrate_now(database_url: str) -> Migrated:
 ROLE_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
-async def grant_statements(database_url: str, role: str) -> list[str]:
+# The purge role (`relaunch audit purge|maintain`): reads, deletes the trail's rows (the
+# append-only trigger lets it through only when it says so for its transaction), records its
+# purges, and runs the owner's partition functions; never updates, truncates or alters.
+PURGE_DELETES = ("audit_events", "audit_dedupe", "incidents")
+PURGE_FUNCTIONS = (
+    "audit_ensure_partitions(integer)",
+    "audit_drop_partition(text, timestamptz, text)",
+)
+
+
+async def grant_statements(database_url: str, role: str, *, purge: bool = False) -> list[str]:
     """The GRANTs that let ``role`` run the services on this (migrated) database: CONNECT,
     USAGE on the schema, SELECT and INSERT on each table, SELECT on each view, USAGE on each
     sequence; only SELECT on ``schema_migrations``; and the same on what the tables' owner
     creates later (default privileges), so that an upgrade's new table needs no new grant. No
     UPDATE, DELETE, TRUNCATE or ownership: the role cannot alter the schema nor drop the
-    append-only trigger."""
+    append-only trigger. With ``purge``: the grants of the purge role instead (see
+    PURGE_DELETES)."""
     conn = await connect_database(database_url)
     try:
         version = await schema_version(conn)
@@ -124,6 +135,7 @@ async def grant_statements(database_url: str, role: str) -> list[str]:
             "select c.relname, c.relkind from pg_class c"
             " join pg_namespace n on n.oid = c.relnamespace"
             " where n.nspname = current_schema() and c.relkind in ('r', 'p', 'v', 'S')"
+            " and not c.relispartition"  # a partition is reached through its table
             " order by c.relkind, c.relname"
         )
         relations = [(str(name), str(kind)) for name, kind in await cur.fetchall()]
@@ -139,11 +151,14 @@ async def grant_statements(database_url: str, role: str) -> list[str]:
             sql.SQL("GRANT CONNECT ON DATABASE {} TO {};").format(sql.Identifier(database), who),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {};").format(sql.Identifier(schema), who),
         ]
+        if purge:
+            statements += _purge_grants(schema, relations, who)
+            return [s.as_string(conn) for s in statements]
         for name, kind in relations:
             rel = sql.Identifier(schema, name)
             if kind == "S":
                 stmt = sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {};")
-            elif kind == "v" or name == "schema_migrations":
+            elif kind == "v" or name in ("schema_migrations", "audit_purges"):
                 stmt = sql.SQL("GRANT SELECT ON {} TO {};")
             else:
                 stmt = sql.SQL("GRANT SELECT, INSERT ON {} TO {};")
@@ -157,3 +172,26 @@ async def grant_statements(database_url: str, role: str) -> list[str]:
         return [s.as_string(conn) for s in statements]
     finally:
         await conn.close()
+
+
+def _purge_grants(schema: str, relations: list[tuple[str, str]], who: sql.Identifier) -> list[Any]:
+    statements: list[Any] = []
+    for name, kind in relations:
+        rel = sql.Identifier(schema, name)
+        if kind == "S":
+            if name == "audit_purges_id_seq":
+                statements.append(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {};").format(rel, who))
+        elif name in PURGE_DELETES:
+            statements.append(sql.SQL("GRANT SELECT, DELETE ON {} TO {};").format(rel, who))
+        elif name == "audit_purges":
+            statements.append(sql.SQL("GRANT SELECT, INSERT ON {} TO {};").format(rel, who))
+        else:
+            statements.append(sql.SQL("GRANT SELECT ON {} TO {};").format(rel, who))
+    for function in PURGE_FUNCTIONS:
+        name, args = function.split("(", 1)
+        statements.append(
+            sql.SQL("GRANT EXECUTE ON FUNCTION {}(" + args + " TO {};").format(
+                sql.Identifier(schema, name), who
+            )
+        )
+    return statements

@@ -137,10 +137,12 @@ _SUMMARY_SQL = """
         where e.incident_id = i.id and e.kind = 'plan' order by e.id desc limit 1) p on true
 """
 
+# An incident's stage rows come after it was made: the bound on `at` (a day of slack for
+# clocks) lets each probe skip the months before it (audit rows are partitioned by `at`).
 _OPEN = """
     select * from recoveries i where not exists (
         select 1 from audit_events t where t.incident_id = i.id and t.kind = 'stage'
-        and t.stage = any(%(terminal)s))
+        and t.stage = any(%(terminal)s) and t.at >= i.created_at - interval '1 day')
 """
 
 

@@ -203,6 +203,27 @@ class ConsoleSettings(BaseModel):
     )
 
 
+class AuditSettings(BaseModel):
+    """How long the audit trail keeps a cluster's incidents (docs/retention.md)."""
+
+    model_config = STRICT
+
+    retention_days: int | None = Field(
+        default=None,
+        ge=30,
+        le=36_500,
+        description="`relaunch audit purge` without --before deletes the incidents wholly older "
+        "than this many days, with their rows and bundles; unset: nothing is purged by schedule",
+    )
+    partitions_ahead: int = Field(
+        default=3,
+        ge=1,
+        le=24,
+        description="months of audit partitions `relaunch audit maintain` and each purge make "
+        "ahead of time",
+    )
+
+
 # A DNS name or an IPv4/IPv6 literal; nothing that could read as an option or a user@ prefix.
 _SSH_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45}")
 
@@ -315,6 +336,10 @@ class ClusterConfig(BaseModel):
         default_factory=TracingSettings,
         description="OpenTelemetry traces of each recovery over OTLP/HTTP (docs/tracing.md); "
         "unset endpoint: off",
+    )
+    audit: AuditSettings = Field(
+        default_factory=AuditSettings,
+        description="retention of the audit trail and its bundles (docs/retention.md)",
     )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,
