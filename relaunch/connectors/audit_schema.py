@@ -72,4 +72,14 @@ MIGRATIONS: list[tuple[int, str]] = [
         create index audit_events_plan_at on audit_events (at) where kind = 'plan';
         """,
     ),
+    (
+        5,
+        # A cluster's pauses and unpauses (the kill switch) are recorded under one placeholder
+        # incident, `control-<cluster>`: not a recovery either.
+        """
+        create or replace view recoveries as select * from incidents
+            where id not like 'intake-%' and id not like 'rollout-%'
+            and id not like 'control-%';
+        """,
+    ),
 ]
