@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from psycopg.rows import dict_row
-
 from relaunch.connectors.audit import AuditStore
 from relaunch.models.errors import RelaunchError
 from relaunch.models.pause import (
@@ -43,22 +41,18 @@ def _reason(reason: str) -> str:
 
 
 async def pause_state(store: AuditStore, cluster: str) -> PauseState:
-    """The cluster's state now: its latest pause or unpause row (none: not paused)."""
-    async with store.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(
-            "select kind, actor, at, data from audit_events"
-            " where incident_id = %s and kind in (%s, %s) order by id desc limit 1",
-            (control_incident(cluster), PAUSE, UNPAUSE),
-        )
-        row = await cur.fetchone()
-    if row is None:
+    """The cluster's state now: its latest pause or unpause row (none: not paused). The
+    control record holds only these rows, two per pause: reading it whole stays cheap."""
+    rows = [r for r in await store.events(control_incident(cluster)) if r.kind in (PAUSE, UNPAUSE)]
+    if not rows:
         return PauseState(cluster=cluster)
+    last = rows[-1]
     return PauseState(
         cluster=cluster,
-        paused=row["kind"] == PAUSE,
-        by=str(row["actor"]),
-        reason=str((row["data"] or {}).get("reason") or ""),
-        at=row["at"],
+        paused=last.kind == PAUSE,
+        by=last.actor,
+        reason=str(last.data.get("reason") or ""),
+        at=last.at,
     )
 
 
