@@ -54,6 +54,7 @@ from relaunch.workflows.recovery import (
     RecoveryWorkflow,
 )
 from tests.unit.test_activities import MemoryAudit, cluster, running_job
+from tests.unit.test_api_v1 import Env, env, pg_url  # noqa: F401 - fixtures
 from tests.unit.test_workflow_approval import TEMPORAL, Fakes
 
 CLUSTER = "dev"
@@ -229,7 +230,7 @@ class PausedFakes(Fakes):
 async def client() -> AsyncIterator[Client]:
     if not TEMPORAL.is_file() and shutil.which("temporal") is None:
         pytest.skip("no Temporal CLI (dev server) on this machine")
-    env = await WorkflowEnvironment.start_local(
+    environment = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=str(TEMPORAL) if TEMPORAL.is_file() else shutil.which("temporal"),
         search_attributes=[
@@ -243,9 +244,9 @@ async def client() -> AsyncIterator[Client]:
         ],
     )
     try:
-        yield env.client
+        yield environment.client
     finally:
-        await env.shutdown()
+        await environment.shutdown()
 
 
 async def test_an_approved_restart_waits_for_the_unpause_and_then_happens(client: Client) -> None:
@@ -286,3 +287,36 @@ async def test_an_approved_restart_waits_for_the_unpause_and_then_happens(client
     assert [r.actor for r in fakes.records if r.kind == "approval"] == ["ana"]
     replayer = Replayer(workflows=[RecoveryWorkflow], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(await handle.fetch_history())
+
+
+# ---------------------------------------------------------------- the console
+
+
+def test_an_admin_pauses_through_the_api_and_every_page_says_so(env: Env) -> None:  # noqa: F811
+    refused = env.post("ana", "/clusters/a/pause", json={"reason": "switch work"})
+    assert refused.status_code == 403  # an approver may not
+    no_reason = env.post("root", "/clusters/a/pause", json={})
+    assert no_reason.status_code == 400 and no_reason.json()["field"] == "reason"
+    assert env.get("vic", "/pause").json()["items"][0]["paused"] is False
+
+    paused = env.post("root", "/clusters/a/pause", json={"reason": "switch work"})
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["paused"] is True and paused.json()["by"] == "root"
+    states = {s["cluster"]: s for s in env.get("vic", "/pause").json()["items"]}
+    assert states["a"]["paused"] and states["a"]["reason"] == "switch work"
+    assert not states["b"]["paused"]
+    assert env.rows(control_incident("a"), "pause") == 1
+
+    for page in ("/", "/nodes", "/jobs", "/audit", "/scorecard"):
+        html = env.client.get(page, headers=env.auth("vic")).text
+        assert 'data-test="paused-banner" data-cluster="a"' in html, page
+        assert "is <strong>paused</strong> by root: switch work" in html
+    metrics = env.client.get("/metrics", headers=env.auth("vic")).text
+    assert 'relaunch_paused{cluster="a"} 1.0' in metrics
+    assert 'relaunch_paused{cluster="b"} 0.0' in metrics
+
+    assert env.post("root", "/clusters/a/unpause").status_code == 200
+    assert "paused-banner" not in env.client.get("/", headers=env.auth("vic")).text
+    metrics = env.client.get("/metrics", headers=env.auth("vic")).text
+    assert 'relaunch_paused{cluster="a"} 0.0' in metrics
+    assert env.rows(control_incident("a"), "unpause") == 1
