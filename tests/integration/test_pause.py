@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from relaunch.devstack.stack import Stack
 from relaunch.models.pause import control_incident
 from relaunch.models.recovery import Mode, Policy, Stage
 from relaunch.models.scheduler import JobState
@@ -107,3 +108,24 @@ async def _has(h: Harness, incident: str, kind: str) -> bool:
 async def _drained(h: Harness, node: str, decision: str) -> bool:
     found = await h.sched.get_node(node)
     return found.drain_flag and decision in found.reason
+
+
+def test_dev_status_says_which_cluster_is_paused(stack: Stack) -> None:
+    cluster = stack.clusters[0].name
+    where = ["--cluster", cluster, "--state-dir", str(stack.state_dir)]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*RELAUNCH, *args], capture_output=True, text=True, timeout=120)
+
+    paused = run("pause", "--by", "ops", "--reason", "rack 4 power work", *where)
+    assert paused.returncode == 0, paused.stderr
+    try:
+        status = run("dev", "status", "--state-dir", str(stack.state_dir))
+        line = next(s for s in status.stdout.splitlines() if f"kill switch {cluster}" in s)
+        assert "PAUSED by ops: rack 4 power work" in line and line.lstrip().startswith("ok")
+    finally:
+        assert run("unpause", "--by", "ops", *where).returncode == 0
+    status = run("dev", "status", "--state-dir", str(stack.state_dir))
+    assert any(
+        f"kill switch {cluster}" in s and "not paused" in s for s in status.stdout.splitlines()
+    )
