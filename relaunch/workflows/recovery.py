@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         ActionPlan,
         Approval,
         AttributeInput,
+        AutoAction,
         Decision,
         DecisionInput,
         Detection,
@@ -216,6 +217,11 @@ PAUSED_FIRST_WAIT = timedelta(seconds=5)
 PAUSED_MAX_WAIT = timedelta(minutes=5)
 
 
+# Recoveries started after this patch ask first in monitor mode for a hold too (a `hold`
+# plan), unless the policy's auto_actions names `hold`; older ones held without asking.
+MONITOR_ASKS_HOLD = "monitor-asks-hold"
+
+
 def stage_attributes(stage: Stage) -> list[SearchAttributeUpdate[Any]]:
     """The search attributes a recovery or a node decision upserts on entering ``stage``."""
     return [
@@ -375,6 +381,7 @@ class RecoveryWorkflow:
             self._patched(JOB_LEFT_SLURM)
             self._patched(NODE_DECISIONS)
             self._patched(CANCELLED_NOT_RESTARTED)
+            self._patched(MONITOR_ASKS_HOLD)
 
     @property
     def _quick_local(self) -> bool:
@@ -712,8 +719,12 @@ class RecoveryWorkflow:
                 Stage.HELD, f"guard refused ({refused}): held for a human: {held.detail}"
             )
 
-        # Holding does nothing irreversible (the job is left for a human), so it needs no approval.
-        if plan.mode is Mode.MONITOR and plan.action is not Action.HOLD:
+        # A hold changes the cluster too: monitor mode asks first unless the policy lets it
+        # hold alone (auto_actions). Older recoveries held without asking.
+        asks = plan.action is not Action.HOLD or (
+            self._patched(MONITOR_ASKS_HOLD) and AutoAction.HOLD not in policy.auto_actions
+        )
+        if plan.mode is Mode.MONITOR and asks:
             recommend = f"recommend {plan.action.value}: " + "; ".join(plan.reasons)
             if override:
                 recommend = f"guard refused ({refused}), approving overrides it: {recommend}"
