@@ -97,6 +97,7 @@ class ActionActivities:
         see each other's drains. A refusal drains nothing and answers ``ok=False``."""
         if not inp.plan.drain_nodes and not inp.plan.fence_nodes:
             return StepOutcome(ok=True, detail="nothing to isolate")
+        await self.deps.unless_paused(inp.incident_id, "isolate")
         beat("waiting for the cluster's drain lock")
         async with self.deps.audit.drain_lock(inp.cluster):
             refused = await self._recheck_guard(inp)
@@ -238,6 +239,8 @@ class ActionActivities:
     @typed_errors
     @keeps_heartbeating
     async def restart(self, inp: ActInput) -> StepOutcome:
+        """Restart the job (requeue, or cancel and resubmit), without its culprits."""
+        await self.deps.unless_paused(inp.incident_id, "restart")
         sched, plan = self.deps.scheduler, inp.plan
         beat("restart")
         job = await sched.get_job(plan.job_id)
@@ -298,6 +301,8 @@ class ActionActivities:
     @typed_errors
     @keeps_heartbeating
     async def hold(self, inp: ActInput) -> StepOutcome:
+        """Hold the job while it is pending (left for a human otherwise)."""
+        await self.deps.unless_paused(inp.incident_id, "hold")
         job = await self.deps.scheduler.get_job(inp.plan.job_id)
         if job.state is not JobState.PENDING:
             return StepOutcome(

@@ -19,9 +19,11 @@ from temporalio.exceptions import ApplicationError
 from relaunch.connectors.audit import AuditStore
 from relaunch.connectors.liveness import Prober, SharedProber
 from relaunch.connectors.logstores import LogStore
+from relaunch.connectors.pause import unless_paused
 from relaunch.connectors.slurm.base import Scheduler
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
+from relaunch.models.pause import ClusterPausedError
 from relaunch.models.recovery import AuditRecord, GuardDecision, Policy
 from relaunch.rollout.policy import PolicyCache
 
@@ -64,6 +66,24 @@ class Deps:
             # The recoveries of one rack failure probe the same nodes at once: one probe each.
             self._prober = SharedProber(inner)
         return self._prober
+
+    async def unless_paused(self, incident_id: str, step: str) -> None:
+        """The kill switch's gate, called first by every activity that changes the cluster:
+        while the cluster is paused (`relaunch pause`), say once per pause in the incident's
+        trail that ``step`` waits, and raise ClusterPausedError (retried, then waited out by
+        the workflow). Read fresh each time: an unpause takes effect at the next attempt."""
+        try:
+            await unless_paused(self.audit, self.config.name)
+        except ClusterPausedError as exc:
+            at = exc.state.at.isoformat() if exc.state.at else ""
+            await self.audit_row(
+                incident_id,
+                "paused",
+                f"{step} waits: {exc.state.describe()}"[:500],
+                dedupe=f"paused:{step}:{at}",
+                data={"step": step, "by": exc.state.by, "reason": exc.state.reason},
+            )
+            raise
 
     async def close(self) -> None:
         if self._prober is not None:

@@ -176,6 +176,7 @@ class LifecycleActivities:
         clear the drain so that the checks can run on it as Slurm steps, unless a job is still
         on it (a draining node is not drained yet: the checks wait for it). Returns the node's
         state after, from a fresh read."""
+        await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_reserve")
         maint = self._maintenance()
         beat(f"reserve {inp.node}")
         await maint.reserve_node(reservation_name(inp.node), inp.node)
@@ -238,6 +239,7 @@ class LifecycleActivities:
     async def hold(self, inp: HoldInput) -> str:
         """Drain the node again while it waits for a person or the next rung (its checks
         failed, or a person must approve its return); the reservation stays."""
+        await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_hold")
         result = await self._maintenance().set_drain_reason(
             inp.node, hold_reason(inp.why, inp.lifecycle_id)
         )
@@ -251,6 +253,7 @@ class LifecycleActivities:
     async def run_checks(self, inp: ChecksInput) -> CheckRun:
         """Run the catalogue's checks for the fault on the node, one Slurm step each inside
         its reservation; telemetry checks read the node agent's counters."""
+        await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_checks")
         started = datetime.now(UTC)
         maint = self._maintenance()
         settings = inp.settings
@@ -357,6 +360,7 @@ class LifecycleActivities:
     async def apply_rung(self, inp: RungInput) -> RungResult:
         """Apply one rung that changes the node: a GPU reset or a reboot, and wait for the node
         to come back. ``done`` False where the rung is not available here."""
+        await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_rung")
         # Once per fault, even across a worker killed mid-rung: the rung's start is written
         # first (a dedupe key), and a retry that finds it only waits for the node.
         first = await self.deps.audit_row(
@@ -497,6 +501,7 @@ class LifecycleActivities:
     async def escalate(self, inp: EscalateInput) -> EscalateResult:
         """Post the repair ticket (once: the webhook gets an Idempotency-Key), drain the node
         with the ticket as its reason, and end its maintenance reservation."""
+        await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_escalate")
         settings = inp.settings
         ticket = inp.lifecycle_id
         posted = False
@@ -584,6 +589,7 @@ class LifecycleActivities:
     async def return_node(self, inp: NodeStepInput) -> ReturnResult:
         """Return the node to service: clear the drain, end the reservation, and verify with a
         fresh read that the node takes jobs again."""
+        await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_return")
         sched = self.deps.scheduler
         beat(f"return {inp.node}")
         node = await sched.get_node(inp.node)

@@ -269,6 +269,7 @@ class NodeActivities:
         `LookAgainInput`): on a fresh read (still out of service) and a fresh probe (slurmd
         silent), fence it and requeue ahead the report's jobs that have not joined. A node
         someone returned, or whose slurmd answers, may still run its jobs: nothing is done."""
+        await self.deps.unless_paused(inp.decision_id, "look_again")
         nodes = await self.deps.scheduler.list_nodes()
         node = next((n for n in nodes if n.name == inp.node), None)
         if node is None or not node.drain_flag:
@@ -458,6 +459,7 @@ class NodeActivities:
     async def requeue_batch(self, inp: RequeueBatchInput) -> RequeueBatchResult:
         """Requeue a batch of the decision's jobs with one `scontrol requeue` (verified with
         one listing), each within its restart budget; one audit row in each job's incident."""
+        await self.deps.unless_paused(inp.decision_id, "requeue_batch")
         started = time.monotonic()
         beat(f"batch {inp.batch}: {len(inp.jobs)} jobs")
         results: dict[str, BatchResult] = {}

@@ -428,6 +428,7 @@ def config_check(config_path: Path) -> None:
 from relaunch.cli import audit as audit_commands  # noqa: E402
 from relaunch.cli import console as console_commands  # noqa: E402
 from relaunch.cli import incidents as incident_commands  # noqa: E402
+from relaunch.cli import pause as pause_commands  # noqa: E402
 from relaunch.cli import rollout as rollout_commands  # noqa: E402
 from relaunch.cli import setup as setup_commands  # noqa: E402
 from relaunch.cli import verdicts as verdict_commands  # noqa: E402
@@ -438,6 +439,7 @@ console_commands.register(cli)
 rollout_commands.register(cli)
 setup_commands.register(cli)
 audit_commands.register(cli)
+pause_commands.register(cli)
 
 from relaunch.workers import agent as agent_command  # noqa: E402
 

@@ -73,6 +73,16 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
     (
+        5,
+        # A cluster's pauses and unpauses (the kill switch) are recorded under one placeholder
+        # incident, `control-<cluster>`: not a recovery either.
+        """
+        create or replace view recoveries as select * from incidents
+            where id not like 'intake-%' and id not like 'rollout-%'
+            and id not like 'control-%';
+        """,
+    ),
+    (
         6,
         # Data for years (docs/retention.md): audit rows in monthly range partitions on `at`,
         # so that a purge drops whole months. A unique constraint on a partitioned table must

@@ -37,11 +37,14 @@ BATCH_ROWS = 5000  # placeholder rows deleted per transaction
 PARTITION_RE = re.compile(r"audit_events_p(\d{4})(\d{2})")
 MAX_BY = 200
 
-# The incidents wholly older than the date: created before it, no row at or after it.
+# The incidents wholly older than the date: created before it, no row at or after it. A
+# cluster's kill-switch record (``control-<cluster>``: its latest row is whether the cluster is
+# paused) is never purged, and a month that holds any of it is never dropped whole.
 _VICTIMS = """
     select i.id from incidents i
     where i.cluster = %(cluster)s and i.created_at < %(before)s
       and i.id <> all(%(placeholders)s)
+      and i.id not like 'control-%%'
       and not exists (select 1 from audit_events e
                       where e.incident_id = i.id and e.at >= %(before)s)
     order by i.id
@@ -54,6 +57,7 @@ _MONTH_BLOCKED = """
                                   where at >= %(lo)s and at < %(hi)s) p
                    join incidents i on i.id = p.incident_id
                    where i.cluster <> %(cluster)s
+                      or i.id like 'control-%%'
                       or (i.id not like 'intake-%%' and i.id not like 'rollout-%%'
                           and exists (select 1 from audit_events e
                                       where e.incident_id = i.id and e.at >= %(before)s)))

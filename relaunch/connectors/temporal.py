@@ -196,6 +196,7 @@ class LifecycleSignals(_PerNodeSignals):
                 mode=mode,
                 approval_timeout_s=config.policy.approval_timeout_s,
                 settings=config.lifecycle,
+                auto_actions=config.policy.auto_actions,
             )
 
         return (await self._send(cluster, node, start, "fault", fault))[0]

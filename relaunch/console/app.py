@@ -178,7 +178,7 @@ def create_app(
         others=[Cluster(other, acting) for other, acting in other_clusters],
     )
 
-    background = Background([cl.config for cl in state.clusters.values()], db)
+    background = Background([cl.config for cl in state.clusters.values()], db, state.pauses)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

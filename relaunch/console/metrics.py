@@ -39,6 +39,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from relaunch.console.auth import ConsoleRole
+from relaunch.console.paused import paused_series
 from relaunch.console.queries import ConsoleDb
 from relaunch.console.scorecard_metrics import ScorecardCollector, scorecards
 from relaunch.console.web import authenticate, console, require
@@ -586,7 +587,7 @@ async def metrics(request: Request) -> Response:
     auth = require(request, ConsoleRole.VIEWER)
     c = console(request)
     configs = [cl.config for cl in c.served_for(auth.user)]
-    body = await render(c.db, auth.user.clusters, configs)
+    body = await render(c.db, auth.user.clusters, configs) + paused_series(configs, c.pauses)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

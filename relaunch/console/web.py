@@ -24,6 +24,7 @@ from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import InvalidNameError
 from relaunch.models.lifecycle import RepairReturn
 from relaunch.models.names import cluster_name
+from relaunch.models.pause import PauseState
 from relaunch.models.recovery import Approval, Detection
 
 HERE = Path(__file__).resolve().parent
@@ -101,6 +102,8 @@ class Console:
     services: Services
     live: Broadcaster
     others: list[Cluster] = field(default_factory=list)
+    # Each served cluster's kill switch, as the background last read it (every page's banner).
+    pauses: dict[str, PauseState] = field(default_factory=dict)
     clusters: dict[str, Cluster] = field(init=False)
     templates: Environment = field(init=False)
 
@@ -298,6 +301,9 @@ def render(
         }
     )
     base["several"] = c.several
+    base["paused"] = [
+        p for p in c.pauses.values() if p.paused and auth is not None and auth.user.sees(p.cluster)
+    ]
     html = c.templates.get_template(template).render({**base, "path": request.url.path, **ctx})
     return HTMLResponse(html, status_code=status)
 

@@ -65,6 +65,10 @@ def stack_status(stack: Stack) -> StackStatus:
     )
     for home in stack.clusters:
         parts.extend(cluster_parts(stack, home))
+    if db_ok:
+        from relaunch.devstack.pause_status import pause_parts  # it imports Part from here
+
+        parts.extend(pause_parts(stack))
     if stack.config.services:
         for name, home in stack.relaunch_services():
             pid = home.service_pid(name)

@@ -16,7 +16,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field, HttpUrl, field_validator
 
 from relaunch.models.errors import RelaunchError
-from relaunch.models.recovery import STRICT, Category, Mode
+from relaunch.models.recovery import STRICT, AutoAction, Category, Mode
 from relaunch.models.scheduler import JobState
 
 _LIFECYCLE = re.compile(r"relaunch-(?P<cluster>.+)-lifecycle-(?P<node>.+)-(?P<n>[0-9]+)")
@@ -337,6 +337,8 @@ class LifecycleInput(BaseModel):
     approval_timeout_s: float = 1800.0
     settings: LifecycleSettings = Field(default_factory=LifecycleSettings)
     carry: LifecycleCarry | None = None
+    # The policy's steps monitor mode takes without asking (checks, repair_ticket).
+    auto_actions: list[AutoAction] = Field(default_factory=list)
 
 
 class RepairReturn(BaseModel):

@@ -48,6 +48,15 @@ class Mode(StrEnum):
     AUTONOMOUS = "autonomous"
 
 
+class AutoAction(StrEnum):
+    """A step that changes the cluster which monitor mode may take without asking, when the
+    policy's ``auto_actions`` names it (by default monitor mode asks first for every one)."""
+
+    HOLD = "hold"  # hold a job's pending restart for a person (a recovery's `hold` plan)
+    CHECKS = "checks"  # a lifecycle's reservation and health checks on a drained node
+    REPAIR_TICKET = "repair_ticket"  # a lifecycle's repair ticket (the node stays drained)
+
+
 class RestartMethod(StrEnum):
     REQUEUE = "requeue"
     RESUBMIT = "resubmit"
@@ -253,6 +262,12 @@ class Policy(BaseModel):
         description="distinct users whose jobs must suspect a node before suspicion convicts it",
     )
     suspect_window_hours: float = Field(default=24.0, gt=0, le=8760)
+    auto_actions: list[AutoAction] = Field(
+        default_factory=list,
+        max_length=len(AutoAction),
+        description="steps monitor mode takes without asking (hold, checks, repair_ticket); "
+        "empty (the default): monitor mode asks first for everything that changes the cluster",
+    )
     canary_partition: str | None = Field(
         default=None,
         description="the default mode applies on this partition only; every other partition "

@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from relaunch.models.recovery import (
         Approval,
+        AutoAction,
         Decision,
         DecisionInput,
         Mode,
@@ -97,6 +98,10 @@ LONG = CallPolicy(
 # A run that says nothing about the node (a user's job never left it, or a check failed beside
 # a user's process) sends the node to a person instead of up the ladder.
 INCONCLUSIVE = "lifecycle-inconclusive-to-person"
+# Lifecycles started after this patch ask first in monitor mode for the diagnosing checks (the
+# reservation and the check jobs) and for the repair ticket too, unless the policy's
+# auto_actions names them; older ones ran both without asking.
+MONITOR_ASKS_FIRST = "lifecycle-monitor-asks-first"
 # While the node waits for its repair, the lifecycle wakes this often to start afresh
 # (continue-as-new) where Temporal suggests it: it may wait for weeks.
 REPAIR_WAKE = timedelta(days=1)
@@ -124,6 +129,7 @@ class NodeLifecycleWorkflow:
         self._ticket = ""
         self._outcome = ""
         self._visits = 0  # stages entered: each stage row's dedupe key
+        self._asks_first = False  # MONITOR_ASKS_FIRST
 
     # ------------------------------------------------------------------ messages
 
@@ -310,10 +316,21 @@ class NodeLifecycleWorkflow:
             raise _Escalate(f"{step} rejected by {by.by}")
         return by
 
-    async def _checks(self, purpose: str) -> CheckRun:
-        """Fence the node off in its reservation, run the checks, record them."""
+    def _asks(self, action: AutoAction) -> bool:
+        """Whether monitor mode asks a person before ``action`` (MONITOR_ASKS_FIRST)."""
         inp = self._input
         assert inp is not None
+        return self._asks_first and action not in inp.auto_actions
+
+    async def _checks(self, purpose: str, *, ask: bool = False) -> CheckRun:
+        """Fence the node off in its reservation, run the checks, record them; with ``ask``,
+        in monitor mode, after a person approved them (a rejection raises _Escalate)."""
+        inp = self._input
+        assert inp is not None
+        if ask and self._asks(AutoAction.CHECKS):
+            await self._ask(
+                "checks", f"reserve {inp.node} and run its checks ({purpose}): a Slurm step each"
+            )
         state = await call(LifecycleActivities.reserve, self._step(), CHANGE, f"reserve {inp.node}")
         fault = self._faults[0]
         run = await call(
@@ -343,6 +360,8 @@ class NodeLifecycleWorkflow:
     async def run(self, inp: LifecycleInput) -> LifecycleStatus:
         self._input = inp
         self._id = workflow.info().workflow_id
+        if inp.mode is Mode.MONITOR:  # asked in the first workflow task
+            self._asks_first = workflow.patched(MONITOR_ASKS_FIRST)
         if inp.carry is not None:  # continued as new while the node waited for its repair
             c = inp.carry
             self._faults, self._recorded, self._ladder = c.faults, len(c.faults), c.ladder
@@ -396,7 +415,7 @@ class NodeLifecycleWorkflow:
         assert inp is not None
         await self._stage_to(NodeStage.DIAGNOSING, f"checking {inp.node}")
         try:
-            run = await self._checks("diagnose")
+            run = await self._checks("diagnose", ask=True)
         except ActivityError as err:
             raise _Escalate(f"the checks could not run: {err.cause or err}") from None
         if escalate:
@@ -541,6 +560,19 @@ class NodeLifecycleWorkflow:
         """The repair ticket, and the node drained with it as the reason."""
         inp = self._input
         assert inp is not None
+        if self._asks(AutoAction.REPAIR_TICKET):
+            try:
+                await self._ask("repair_ticket", f"post a repair ticket for {inp.node}: {why}")
+            except _Escalate as no:
+                self._outcome = f"{inp.node} waits for a person: {why}"
+                await self._stage_to(
+                    NodeStage.ESCALATED,
+                    f"{self._outcome}; no repair ticket ({no}): the node stays out until someone "
+                    "says it is repaired",
+                    ticket="",
+                    why=why,
+                )
+                return
         try:
             ticket = await call(
                 LifecycleActivities.escalate,

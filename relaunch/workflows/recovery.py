@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from relaunch.activities.node import NodeActivities
     from relaunch.models import search_attributes as sa
     from relaunch.models.node_decision import JobOutcome, Joined, NodeUpdate
+    from relaunch.models.pause import PAUSED_ERROR
     from relaunch.models.recovery import (
         TRUSTED_DETECTION_SOURCES,
         ActInput,
@@ -33,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         ActionPlan,
         Approval,
         AttributeInput,
+        AutoAction,
         Decision,
         DecisionInput,
         Detection,
@@ -206,6 +208,20 @@ JOB_LEFT_SLURM = "job-left-slurm"
 CANCELLED_NOT_RESTARTED = "cancelled-not-restarted"
 
 
+# While a cluster is paused, a step that would change it, its retries spent, waits this long
+# before it is called again, doubling to the most: an unpause takes effect within
+# PAUSED_MAX_WAIT (sooner while the step's own retries run). Each wait adds about 11 events to
+# the waiting workflow's history: about 3,000 a day, so a pause of two weeks stays well under
+# Temporal's limit of 51,200.
+PAUSED_FIRST_WAIT = timedelta(seconds=5)
+PAUSED_MAX_WAIT = timedelta(minutes=5)
+
+
+# Recoveries started after this patch ask first in monitor mode for a hold too (a `hold`
+# plan), unless the policy's auto_actions names `hold`; older ones held without asking.
+MONITOR_ASKS_HOLD = "monitor-asks-hold"
+
+
 def stage_attributes(stage: Stage) -> list[SearchAttributeUpdate[Any]]:
     """The search attributes a recovery or a node decision upserts on entering ``stage``."""
     return [
@@ -223,7 +239,30 @@ async def call(
     local: bool = False,
 ) -> R:
     """Run the activity method ``step`` (its name and result type from its definition) with
-    its policy, as a local activity with ``local``."""
+    its policy, as a local activity with ``local``. A step that changes the cluster refuses
+    while the cluster is paused (ClusterPausedError): once its retries are spent, it is called
+    again after a durable timer, until the unpause (histories without a pause replay as before:
+    no step of theirs failed so)."""
+    wait = PAUSED_FIRST_WAIT
+    while True:
+        try:
+            return await _call_once(step, arg, policy, summary, local=local)
+        except (ActivityError, ApplicationError) as err:
+            cause = err.cause if isinstance(err, ActivityError) else err
+            if not (isinstance(cause, ApplicationError) and cause.type == PAUSED_ERROR):
+                raise
+        await workflow.sleep(wait, summary=f"cluster paused: {summary} waits for the unpause")
+        wait = min(wait * 2, PAUSED_MAX_WAIT)
+
+
+async def _call_once(
+    step: Callable[[Any, A], Awaitable[R]],
+    arg: A,
+    policy: CallPolicy,
+    summary: str,
+    *,
+    local: bool = False,
+) -> R:
     if local:
         return await workflow.execute_local_activity_method(
             step,
@@ -342,6 +381,7 @@ class RecoveryWorkflow:
             self._patched(JOB_LEFT_SLURM)
             self._patched(NODE_DECISIONS)
             self._patched(CANCELLED_NOT_RESTARTED)
+            self._patched(MONITOR_ASKS_HOLD)
 
     @property
     def _quick_local(self) -> bool:
@@ -679,8 +719,12 @@ class RecoveryWorkflow:
                 Stage.HELD, f"guard refused ({refused}): held for a human: {held.detail}"
             )
 
-        # Holding does nothing irreversible (the job is left for a human), so it needs no approval.
-        if plan.mode is Mode.MONITOR and plan.action is not Action.HOLD:
+        # A hold changes the cluster too: monitor mode asks first unless the policy lets it
+        # hold alone (auto_actions). Older recoveries held without asking.
+        asks = plan.action is not Action.HOLD or (
+            self._patched(MONITOR_ASKS_HOLD) and AutoAction.HOLD not in policy.auto_actions
+        )
+        if plan.mode is Mode.MONITOR and asks:
             recommend = f"recommend {plan.action.value}: " + "; ".join(plan.reasons)
             if override:
                 recommend = f"guard refused ({refused}), approving overrides it: {recommend}"

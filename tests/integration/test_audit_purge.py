@@ -238,6 +238,8 @@ async def test_purge_deletes_only_incidents_wholly_older_with_rows_and_bundles(
         _seed_sql(conn, recent, "prod", NOW)
         _seed_sql(conn, other, "lab", mid_old)
         _seed_sql(conn, "intake-prod", "prod", OLD)
+        # A pause 300 days old and never lifted: the kill switch's record is never purged.
+        _seed_sql(conn, "control-prod", "prod", mid_old)
     store = await AuditStore.open(_as(url, user=svc))
     try:
         for kind in ("detection", "verdict", "action"):
@@ -248,6 +250,7 @@ async def test_purge_deletes_only_incidents_wholly_older_with_rows_and_bundles(
         await _record(store, recent, "detection", NOW)
         await _record(store, "intake-prod", "health_event", mid_old)
         await _record(store, "intake-prod", "health_event", NOW)
+        await _record(store, "control-prod", "pause", mid_old)
     finally:
         await store.close()
     for incident in (gone, active, recent):

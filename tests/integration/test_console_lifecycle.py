@@ -36,7 +36,7 @@ from relaunch.devstack.stack import Stack
 from relaunch.models.config import ConsoleSettings
 from relaunch.models.errors import RelaunchError
 from relaunch.models.lifecycle import LifecycleSettings, LifecycleStatus, NodeStage, lifecycle_id
-from relaunch.models.recovery import Mode, Policy
+from relaunch.models.recovery import AutoAction, Mode, Policy
 from tests.conftest import sbatch
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import Harness
@@ -75,7 +75,15 @@ async def test_a_lifecycle_is_decided_on_the_nodes_page(
     sched = stack.scheduler(CLUSTER)
     (home.root / "checks").mkdir(parents=True, exist_ok=True)
     h = make_harness(
-        Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=60, drain_share=1.0, drain_cap=10)
+        Policy(
+            mode=Mode.AUTONOMOUS,
+            verify_timeout_s=60,
+            drain_share=1.0,
+            drain_cap=10,
+            # The monitor-mode lifecycle asks for its rungs and return here, not its checks
+            # and ticket (tests/unit/test_monitor_asks.py has those asked).
+            auto_actions=[AutoAction.CHECKS, AutoAction.REPAIR_TICKET],
+        )
     )
     h.sched = sched
     lifecycle = LifecycleSettings.model_validate(

@@ -45,7 +45,7 @@ from relaunch.models.lifecycle import (
     lifecycle_id,
     reservation_name,
 )
-from relaunch.models.recovery import Mode, Policy
+from relaunch.models.recovery import AutoAction, Mode, Policy
 from tests.conftest import sbatch
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import REPO
@@ -295,7 +295,11 @@ async def _scenarios(
     assert "returned to service by" in lemon.outcome and lemon.tried == []
 
     # ---- 4. monitor mode: n3 waits for a person before the reboot and before the return.
-    h.configure(lifecycle=h.config.lifecycle.model_copy(update={"mode": Mode.MONITOR}))
+    h.configure(
+        lifecycle=h.config.lifecycle.model_copy(update={"mode": Mode.MONITOR}),
+        # Its checks run unasked here (tests/unit/test_monitor_asks.py has them asked).
+        policy=h.config.policy.model_copy(update={"auto_actions": [AutoAction.CHECKS]}),
+    )
     h.kill("worker")
     h.start("worker")
     fail_node("n3")

@@ -37,7 +37,7 @@ from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.devstack import faults
 from relaunch.devstack.stack import Stack
 from relaunch.models.lifecycle import LifecycleSettings, lifecycle_id
-from relaunch.models.recovery import Mode, Policy, Stage
+from relaunch.models.recovery import AutoAction, Mode, Policy, Stage
 from relaunch.models.rollout import RolloutSettings
 from relaunch.models.scheduler import JobState
 from tests.conftest import sbatch
@@ -87,6 +87,8 @@ async def test_scorecard_suggestions_canary_and_promotion(
         Policy(
             mode=Mode.AUTONOMOUS,
             canary_partition="batch",
+            # The monitor-mode lifecycle's checks and tickets run unasked: the scorecard's story.
+            auto_actions=[AutoAction.CHECKS, AutoAction.REPAIR_TICKET],
             approval_timeout_s=15,
             verify_timeout_s=90,
             drain_share=1.0,

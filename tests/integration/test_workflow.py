@@ -21,6 +21,7 @@ from relaunch.models.recovery import (
     ActionPlan,
     Approval,
     AttributeInput,
+    AutoAction,
     Category,
     Detection,
     DetectionSource,
@@ -246,7 +247,9 @@ async def test_autonomous_acts_and_hold_needs_no_approval(env: tuple[Client, str
     async with Worker(
         client, task_queue=queue2, workflows=[RecoveryWorkflow], activities=held.activities()
     ):
-        result = await (await start(client, queue2, Policy())).result()
+        # Monitor mode holds without asking only where the policy says so (auto_actions).
+        policy = Policy(auto_actions=[AutoAction.HOLD])
+        result = await (await start(client, queue2, policy)).result()
     assert result.stage is Stage.HELD
     assert "hold" in held.calls and "isolate" not in held.calls
 

@@ -354,6 +354,7 @@ def test_every_resource_answers_a_viewer_as_its_document_says(env: Env) -> None:
         "/audit": "/audit",
         "/scorecard": "/scorecard",
         "/rollout": "/rollout",
+        "/pause": "/pause",
     }
     for template, path in reads.items():
         r = env.get("vic", path)
@@ -488,7 +489,7 @@ def test_an_intake_token_may_not_use_the_api(env: Env) -> None:
     for path in env.spec["paths"]:
         if path.endswith("openapi.json"):
             continue
-        concrete = path.removeprefix(API).format(incident_id=incident, node="a-n1")
+        concrete = path.removeprefix(API).format(incident_id=incident, node="a-n1", cluster="a")
         for method in env.spec["paths"][path]:
             r = env.client.request(method, API + concrete, headers=env.auth("am"), json={})
             assert r.status_code == 403, (method, path, r.text)

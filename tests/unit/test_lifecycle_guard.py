@@ -165,6 +165,9 @@ class Audit:
         self.rows.append(record)
         return True
 
+    async def events(self, incident_id: str) -> list[Any]:  # no pause (relaunch pause)
+        return []
+
 
 class Activities(LifecycleActivities):
     def __init__(self, deps: Deps, maint: Maintenance) -> None:

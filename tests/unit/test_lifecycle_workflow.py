@@ -47,6 +47,7 @@ from relaunch.models.lifecycle import (
 )
 from relaunch.models.recovery import (
     Approval,
+    AutoAction,
     Category,
     Decision,
     DecisionInput,
@@ -163,7 +164,10 @@ def worker(client: Client, node: Node) -> Worker:
 
 
 async def run(
-    client: Client, mode: Mode, carry: LifecycleCarry | None = None
+    client: Client,
+    mode: Mode,
+    carry: LifecycleCarry | None = None,
+    auto_actions: list[AutoAction] | None = None,
 ) -> WorkflowHandle[NodeLifecycleWorkflow, LifecycleStatus]:
     inp = LifecycleInput(
         cluster="c",
@@ -173,6 +177,7 @@ async def run(
         approval_timeout_s=60,
         settings=LifecycleSettings(settle_s=0),
         carry=carry,
+        auto_actions=auto_actions or [],
     )
     return await client.start_workflow(
         NodeLifecycleWorkflow.run,
@@ -191,6 +196,9 @@ FAULT = LifecycleFault(
 
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
+# The steps the monitor-mode tests here let the lifecycle take without asking (the policy's
+# auto_actions): they are about the rungs and the return (tests/unit/test_monitor_asks.py asks).
+UNASKED = [AutoAction.CHECKS, AutoAction.REPAIR_TICKET]
 
 
 async def replays(client: Client, workflow_id: str, keep_as: str) -> None:
@@ -236,7 +244,7 @@ async def test_autonomous_reboots_once_then_returns_on_passing_checks(env: Clien
 
 async def test_monitor_asks_before_the_reboot_and_the_return(env: Client) -> None:
     node = Node(answers=[False, True], gate=asyncio.Event())
-    handle = await run(env, Mode.MONITOR)
+    handle = await run(env, Mode.MONITOR, auto_actions=UNASKED)
     async with worker(env, node):
         asked = await until(handle, lambda s: s.pending is not None)
         assert asked.pending is not None and asked.pending.step == "reboot" and node.rungs == []
@@ -266,7 +274,7 @@ async def test_a_rejected_reboot_sends_the_node_to_repair_and_a_repair_is_valida
     env: Client,
 ) -> None:
     node = Node(answers=[False, False, True])
-    handle = await run(env, Mode.MONITOR)
+    handle = await run(env, Mode.MONITOR, auto_actions=UNASKED)
     async with worker(env, node):
         await until(handle, lambda s: s.pending is not None)
         await handle.execute_update(

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaunch.console.api import decisions, incidents, nodes, reports
+from relaunch.console.api import decisions, incidents, nodes, pause, reports
 from relaunch.console.api.endpoint import (
     CSRF_HEADER,
     CURSOR,
@@ -38,6 +38,7 @@ from relaunch.console.auth import ConsoleRole
 from relaunch.console.kpis import WINDOWS
 from relaunch.console.routes_audit import KINDS
 from relaunch.console.web import Console
+from relaunch.models.pause import PauseState
 from relaunch.models.recovery import Category
 from relaunch.models.search_attributes import Stage
 
@@ -202,6 +203,34 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         query=(CLUSTER,),
         errors=(404,),
         tag="rollout",
+    ),
+    Endpoint(
+        "GET",
+        "/pause",
+        pause.list_pauses,
+        "Whether each cluster is paused (the kill switch), by whom and why",
+        pause.PauseStates,
+        query=(CLUSTER,),
+        errors=(404,),
+        tag="pause",
+    ),
+    *(
+        Endpoint(
+            "POST",
+            f"/clusters/{{cluster}}/{verb}",
+            handler,
+            summary,
+            PauseState,
+            role=ConsoleRole.ADMIN,
+            body=pause.PauseBody,
+            headers=(DECISION_HEADERS[1],),
+            errors=(403, 404, 413),
+            tag="pause",
+        )
+        for verb, handler, summary in (
+            ("pause", pause.pause_cluster, "Pause the cluster: Relaunch changes nothing on it"),
+            ("unpause", pause.unpause_cluster, "Unpause the cluster: waiting steps go on"),
+        )
     ),
 )
 
