@@ -159,7 +159,7 @@ async def test_one_leads_the_other_waits_then_takes_over(
     began = time.monotonic()
     await asyncio.wait_for(tb.started.wait(), 10)
     assert time.monotonic() - began < 2.0
-    assert b.role is LeaseRole.LEADER and b.status().terms == 1
+    assert b.status().role is LeaseRole.LEADER and b.status().terms == 1
     stop_b.set()
     stop_other.set()
     await asyncio.gather(run_b, run_other)
