@@ -14,7 +14,8 @@ hands anything over. Several watchers of one cluster may run; one leads, the oth
   younger than ``valid_s``.
 - **Lost**: a confirmation that fails or does not come in time ends the term at once: every
   act from then on is refused (:class:`LeaseLostError`), the watcher stops without handing over
-  what it still held, and the process goes back to standby (a fresh connection, a fresh try).
+  what it still held, and the process goes back to standby (a fresh connection; its first try
+  two ``retry_s`` later, so that a standby already waiting takes over first).
 
 A leader that dies frees the lock with its connection (PostgreSQL does, at once, on SIGKILL);
 the standby takes it at its next try. A leader cut off from the database stops acting after
@@ -237,6 +238,10 @@ class WatchLease:
                 if not await self._acquire(stop):
                     return
                 await self._lead(stop, term)
+                if self.state.role is LeaseRole.STANDBY:
+                    # Lost: the standbys (trying every retry_s) may take it first.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=2 * self.retry_s)
         finally:
             await self._lease.release()
 

@@ -10,10 +10,15 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
+import psycopg
+
+from relaunch.connectors.lease import lock_parts
 from relaunch.models.recovery import Approval, Mode, Policy, Stage
 from relaunch.models.scheduler import JobState
+from relaunch.workers.watch_lease import watch_lease_key
 from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import REPO, Harness
@@ -38,11 +43,15 @@ def start_second_watcher(h: Harness) -> Path:
 
 
 async def wait_line(path: Path, pattern: str, timeout: float = 60.0) -> float:
-    """Wait for a line matching ``pattern`` in the log at ``path``; when it was seen."""
+    """Wait for a line matching ``pattern`` in the log at ``path``; when it was written (its
+    own timestamp, as ``time.time()``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.exists() and re.search(pattern, path.read_text(errors="replace")):
-            return time.monotonic()
+        text = path.read_text(errors="replace") if path.exists() else ""
+        for line in text.splitlines():
+            if re.search(pattern, line):
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                return stamp.timestamp()  # the log's local time, as time.time()
         await asyncio.sleep(0.05)
     tail = path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
     raise AssertionError(f"no {pattern!r} in {path.name} after {timeout}s:\n{tail}")
@@ -82,7 +91,7 @@ async def test_one_watcher_acts_and_the_standby_takes_over_after_sigkill(
     assert f"reported node {nodes[1]}" not in second
     assert second.count("standby for cluster") == 1  # said once, not at every try
 
-    killed = time.monotonic()
+    killed = time.time()
     h.kill("watch")  # SIGKILL
     took = await wait_line(second_log, f"leader for cluster {cluster}", TAKEOVER_LIMIT_S) - killed
     print(f"\ntakeover after SIGKILL: {took:.2f}s")
@@ -100,5 +109,52 @@ async def test_one_watcher_acts_and_the_standby_takes_over_after_sigkill(
     await wait_line(second_log, f"reported node {nodes[0]}|{incident}")
     status = await h.handle(incident).query(RecoveryWorkflow.status)
     assert status.detections == 2
+    if status.awaiting_approval:
+        await h.handle(incident).signal(RecoveryWorkflow.reject, Approval(by="test"))
+
+
+async def test_a_leader_whose_lease_session_ends_stops_and_the_standby_acts(
+    make_harness: MakeHarness, database_url: str
+) -> None:
+    """The database ends the leader's session (a restart, a failover, an administrator): the
+    leader says it lost the lease and waits as a standby, the other leads, and a fault is
+    detected once, by the new leader only."""
+    h = make_harness(Policy(mode=Mode.MONITOR))
+    cluster = h.config.name
+    h.start("worker")
+    h.start("watch")
+    first_log = h.tmp / "watch.log"
+    second_log = start_second_watcher(h)
+    await wait_line(second_log, f"standby for cluster {cluster}")
+    job_id = h.submit_ddp()
+    job = await wait_job(h.sched, job_id, JobState.RUNNING, timeout=60)
+    await h.wait_log(job_id, r"checkpoint saved step=\d+")
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        ended = conn.execute(
+            "select pg_terminate_backend(pid) from pg_locks where locktype = 'advisory'"
+            " and granted and classid = %s and objid = %s",
+            lock_parts(watch_lease_key(cluster)),
+        ).fetchall()
+    assert ended == [(True,)]
+    cut = time.time()
+    lost = await wait_line(first_log, f"lost the lease of cluster {cluster}", 10) - cut
+    took = await wait_line(second_log, f"leader for cluster {cluster}", 10) - cut
+    print(f"\nlease session ended: leader stopped after {lost:.2f}s, standby led after {took:.2f}s")
+    assert lost < 3 and took < TAKEOVER_LIMIT_S
+    await wait_line(
+        first_log, rf"standby for cluster {cluster}: .*pid {h.procs['watch-2'].pid}", 10
+    )
+    await wait_line(second_log, f"watching cluster {cluster}")
+    await asyncio.sleep(2)  # a node's kernel log is news from the new leader's second pass
+
+    h.inject_xid(job.nodes[1])
+    incident = h.incident(job_id)
+    await h.wait_stage(incident, {Stage.AWAITING_APPROVAL}, timeout=90)
+    await asyncio.sleep(3)
+    status = await h.handle(incident).query(RecoveryWorkflow.status)
+    assert status.detections == 1, f"{status.detections} detections of one fault"
+    assert incident in second_log.read_text()
+    assert incident not in first_log.read_text()
     if status.awaiting_approval:
         await h.handle(incident).signal(RecoveryWorkflow.reject, Approval(by="test"))
