@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -204,3 +205,22 @@ async def test_a_standby_never_acts(database_url: str) -> None:
     lease = _lease(database_url, "four")
     with pytest.raises(LeaseLostError, match="standby"):
         await lease.ensure()
+
+
+async def test_an_unreachable_database_is_a_standby_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="relaunch.watch")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # nothing listens there once closed
+    lease = _lease(f"postgresql://relaunch@127.0.0.1:{port}/relaunch", "five")
+    terms = Terms(lease)
+    stop = asyncio.Event()
+    running = asyncio.create_task(lease.run(stop, terms))
+    await asyncio.sleep(1.5)  # several tries
+    stop.set()
+    await asyncio.wait_for(running, 10)
+    assert not terms.started.is_set() and lease.role is LeaseRole.STANDBY
+    said = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("standby for cluster five"), said
