@@ -148,6 +148,7 @@ class AdvisoryLease:
                 cur = await conn.execute(_HOLDER, lock_parts(self.key))
                 row = await cur.fetchone()
         except (TimeoutError, psycopg.Error):
+            await self.close()  # perhaps cut off mid-statement: the next try reconnects
             return None
         if row is None:
             return None
