@@ -174,6 +174,7 @@ class WatchLease:
         )
         self._confirming = asyncio.Lock()
         self._term_end: asyncio.Event | None = None
+        self._beat = time.monotonic()
 
     @property
     def role(self) -> LeaseRole:
@@ -181,6 +182,12 @@ class WatchLease:
 
     def status(self) -> LeaseStatus:
         return self.state.status()
+
+    def loop_age_s(self, clock: float | None = None) -> float:
+        """Seconds since the lease's loop last did its work: a try (standby, whatever its
+        outcome) or a confirmation (leader). A health check's measure for a standby, which
+        does not poll: it stays under a few seconds while the loop runs."""
+        return (time.monotonic() if clock is None else clock) - self._beat
 
     # ------------------------------------------------------------------ acts
 
@@ -215,7 +222,8 @@ class WatchLease:
             except LeaseLostError as exc:
                 self._lost(str(exc))
                 raise
-            self.state.confirmed(time.monotonic(), datetime.now(UTC))
+            self._beat = time.monotonic()
+            self.state.confirmed(self._beat, datetime.now(UTC))
 
     def _lost(self, why: str) -> None:
         if self.state.lost(why, datetime.now(UTC)):
@@ -248,6 +256,7 @@ class WatchLease:
     async def _acquire(self, stop: asyncio.Event) -> bool:
         """Standby until the lock is taken (True) or ``stop`` is set (False)."""
         while not stop.is_set():
+            self._beat = time.monotonic()
             try:
                 took = await self._lease.try_acquire(self.timeout_s)
             except (psycopg.Error, OSError, TimeoutError) as exc:

@@ -146,6 +146,7 @@ async def test_one_leads_the_other_waits_then_takes_over(
     await asyncio.wait_for(tother.started.wait(), 10)
     await _until(lambda: b.status().holder is not None)
     await asyncio.sleep(1.0)  # b keeps trying: never leads meanwhile
+    assert b.loop_age_s() < 1.0 and a.loop_age_s() < 1.0  # each loop alive, standby included
     assert a.role is LeaseRole.LEADER and b.role is LeaseRole.STANDBY
     assert not tb.started.is_set()
     holder = b.status().holder or ""
