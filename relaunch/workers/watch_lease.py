@@ -10,8 +10,8 @@ hands anything over. Several watchers of one cluster may run; one leads, the oth
   reconciliation: the first poll sees every listed job, ended ones included; the catch-up from
   accounting reads what ended while nobody acted). The lease is confirmed every ``check_s``
   (this session alive and still holding the lock, answered within ``timeout_s``), and before
-  each act when the last confirmation is older than ``fresh_s``: an act needs a confirmation
-  younger than ``valid_s``.
+  each act: an act waits for a confirmation that began after it asked (one round trip, shared
+  by the acts that ask together) and sent less than ``valid_s`` ago.
 - **Lost**: a confirmation that fails or does not come in time ends the term at once: every
   act from then on is refused (:class:`LeaseLostError`), the watcher stops without handing over
   what it still held, and the process goes back to standby (a fresh connection; its first try
@@ -52,7 +52,6 @@ RETRY_S = 1.0  # a standby tries the lock this often
 CHECK_S = 1.0  # the leader confirms its lease this often
 TIMEOUT_S = 2.0  # a confirmation (or a try) that takes longer has failed
 VALID_S = 3.0  # an act needs a confirmation younger than this
-FRESH_S = 0.25  # before an act, a confirmation older than this is renewed first
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -163,11 +162,9 @@ class WatchLease:
         check_s: float = CHECK_S,
         timeout_s: float = TIMEOUT_S,
         valid_s: float = VALID_S,
-        fresh_s: float = FRESH_S,
     ) -> None:
         self.cluster = cluster
         self.retry_s, self.check_s, self.timeout_s = retry_s, check_s, timeout_s
-        self.fresh_s = fresh_s
         self.state = LeaseState(cluster, valid_s=valid_s)
         self._lease = AdvisoryLease(
             database_url, watch_lease_key(cluster), name=application_name(PURPOSE, cluster)
@@ -192,12 +189,13 @@ class WatchLease:
     # ------------------------------------------------------------------ acts
 
     async def ensure(self) -> None:
-        """Return when an act may go ahead now; raise :class:`LeaseLostError` otherwise (the
-        term then ends)."""
+        """Return when an act may go ahead now: this watcher leads, and a confirmation that
+        began after the act asked has come back (acts that ask together share one). Raise
+        :class:`LeaseLostError` otherwise (the term then ends)."""
+        asked = time.monotonic()
         if self.state.role is not LeaseRole.LEADER:
             raise LeaseLostError(f"this watcher is a standby for cluster {self.cluster}")
-        if time.monotonic() - self.state.confirmed_at > self.fresh_s:
-            await self._confirm()
+        await self._confirm(asked)
         if not self.state.acting(time.monotonic()):
             self._lost("no confirmation of the lease in time")
             raise LeaseLostError(f"this watcher no longer leads cluster {self.cluster}")
@@ -211,19 +209,21 @@ class WatchLease:
 
         return guarded
 
-    async def _confirm(self) -> None:
+    async def _confirm(self, asked: float) -> None:
+        """A confirmation sent at or after ``asked`` (monotonic), this one or one just made."""
         async with self._confirming:
-            if time.monotonic() - self.state.confirmed_at <= self.fresh_s:
-                return  # another act's confirmation just came
+            if self.state.confirmed_at >= asked:
+                return  # sent after the caller asked: it answers for it too
             if self.state.role is not LeaseRole.LEADER:
                 raise LeaseLostError(f"this watcher is a standby for cluster {self.cluster}")
+            sent = time.monotonic()
             try:
                 await self._lease.confirm(self.timeout_s)
             except LeaseLostError as exc:
                 self._lost(str(exc))
                 raise
             self._beat = time.monotonic()
-            self.state.confirmed(self._beat, datetime.now(UTC))
+            self.state.confirmed(sent, datetime.now(UTC))
 
     def _lost(self, why: str) -> None:
         if self.state.lost(why, datetime.now(UTC)):
@@ -323,7 +323,7 @@ class WatchLease:
                 if end.is_set():
                     return
                 with contextlib.suppress(LeaseLostError):
-                    await self._confirm()
+                    await self._confirm(time.monotonic())
         finally:
             for task in waits:
                 task.cancel()
