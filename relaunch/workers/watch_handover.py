@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from relaunch.connectors.lease import LeaseLostError
 from relaunch.detection.attribution import xid_remedy
 from relaunch.detection.signatures import Role, SignatureMatch
 from relaunch.detection.xids import Outcome
@@ -278,6 +279,10 @@ class NodeReports:
         async def one(report: NodeReport) -> None:
             try:
                 started = await handler(report)
+            except LeaseLostError:  # another watcher leads now: its report, not ours
+                self._reported.pop(report.node, None)
+                self._release(report)
+                return
             except Exception:
                 logger.exception("reporting node %s failed", report.node)
                 self._reported.pop(report.node, None)

@@ -1,13 +1,17 @@
 """`relaunch watch`: the watcher process for one cluster. Each detection starts or joins the
 job attempt's RecoveryWorkflow (later ones held and handed over together); a node that failed
 by trusted evidence (its probes, an Xid in its own kernel log) is reported at once to the
-node's NodeDecisionWorkflow."""
+node's NodeDecisionWorkflow.
+
+Several may run for one cluster: only the one that holds the cluster's lease acts, the others
+wait as standbys and take over when it stops or dies (relaunch/workers/watch_lease.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -25,8 +29,9 @@ from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, RestartMethod
 from relaunch.models.scheduler import Job, Node, watched
 from relaunch.models.tracing import ATTR_INCIDENT
-from relaunch.workers.watch_catchup import CatchUp, CatchUpSink
+from relaunch.workers.watch_catchup import CatchUp, CatchUpSink, CaughtUp, Sink
 from relaunch.workers.watch_drains import AuditDrainRecorder
+from relaunch.workers.watch_lease import WatchLease
 from relaunch.workers.watcher import WatchConfig, Watcher
 from relaunch.workflows import recovery_client
 
@@ -114,39 +119,64 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     policy = config.policy
     # Only where node decisions run at all (see planning.node_decision_nodes).
     reports = policy.node_decisions and policy.restart_method is RestartMethod.REQUEUE
-    probe_runner, liveness = await liveness_monitor(config)
     drains = AuditDrainRecorder(config.database_url)  # external drains: watch_drains.py
     caught_up = CatchUpSink(config.database_url)  # missed job ends: watch_catchup.py
-    watcher = Watcher(
-        watch_config(config),
-        BriefSchedulerView(scheduler),
-        on_detection,
-        liveness=liveness,
-        on_node_report=on_node_report if reports else None,
-        report_acts_alone=lambda report: policy.acts_alone(report.partitions, report.category),
-        on_follow_ups=on_follow_ups,
-        on_external_drains=drains,
-        catch_up=catch_up(config, scheduler, caught_up),
-    )
+    # Every act (a recovery started or signalled, a node reported, a row written) goes
+    # through the lease: only the leader acts, and only while its lease is confirmed.
+    lease = WatchLease(config.name, config.database_url)
+    act = lease.guard
+
+    async def lead(end: asyncio.Event) -> None:
+        """One term as the cluster's leader: a fresh watcher, as at start-up, until ``end``."""
+        probe_runner, liveness = await liveness_monitor(config)
+        watcher = Watcher(
+            watch_config(config),
+            BriefSchedulerView(scheduler),
+            act(on_detection),
+            liveness=liveness,
+            on_node_report=act(on_node_report) if reports else None,
+            report_acts_alone=lambda report: policy.acts_alone(report.partitions, report.category),
+            on_follow_ups=act(on_follow_ups),
+            on_external_drains=act(drains),
+            catch_up=catch_up(config, scheduler, LeaderSink(caught_up, lease)),
+        )
+        log.info("watching cluster %s every %.1fs", config.name, config.watch.poll_interval_s)
+        try:
+            await watcher.run(end)
+        finally:
+            if liveness is not None:
+                await liveness.prober.close()
+            if probe_runner is not None:
+                await probe_runner.close()
+
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("watching cluster %s every %.1fs", config.name, config.watch.poll_interval_s)
     try:
-        await watcher.run(stop)
+        await lease.run(stop, lead)
     finally:
         await close_scheduler(scheduler)
         await drains.close()
         await caught_up.close()
-        if liveness is not None:
-            await liveness.prober.close()
-        if probe_runner is not None:
-            await probe_runner.close()
         tracing.shutdown()
 
 
-def catch_up(config: ClusterConfig, scheduler: SlurmCli, sink: CatchUpSink) -> CatchUp:
+class LeaderSink:
+    """The catch-up's sink, writing only while this watcher leads (reading at any time)."""
+
+    def __init__(self, sink: CatchUpSink, lease: WatchLease) -> None:
+        self._sink, self._lease = sink, lease
+
+    async def handled(self, cluster: str, job: Job) -> bool:
+        return await self._sink.handled(cluster, job)
+
+    async def record(self, caught: Sequence[CaughtUp]) -> int:
+        await self._lease.ensure()
+        return await self._sink.record(caught)
+
+
+def catch_up(config: ClusterConfig, scheduler: SlurmCli, sink: Sink) -> CatchUp:
     """The catch-up from accounting ``config.watch`` asks for (watch_catchup.py): the same
     jobs as the live watcher's (``watched``), ended jobs read through ``sacct``."""
     watch = config.watch

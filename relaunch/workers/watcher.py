@@ -55,6 +55,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field, field_validator
 
 from relaunch.connectors.joboutput import FileAccess
+from relaunch.connectors.lease import LeaseLostError
 from relaunch.connectors.liveness import LivenessMonitor
 from relaunch.connectors.logs import FileTail
 from relaunch.connectors.slurm.commands import LINEAGE_KEY
@@ -469,6 +470,9 @@ class Watcher:
                         return
                     try:
                         await self._on_detection(det)
+                    except LeaseLostError:  # another watcher leads now: not ours to deliver
+                        failed = True
+                        return
                     except Exception:
                         if not failed:
                             logger.exception("delivering a detection failed; retrying next poll")
@@ -483,6 +487,8 @@ class Watcher:
             async with gate:
                 try:
                     await self._on_follow_ups(dets)
+                except LeaseLostError:
+                    return
                 except Exception:
                     if not self._follow_ups_failed:
                         logger.exception("handing over held detections failed; retrying")
