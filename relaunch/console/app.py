@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -111,6 +112,31 @@ async def on_http(request: Request, exc: Exception) -> Response:
     return _problem_response(request, status, title, str(getattr(exc, "detail", "")))
 
 
+HEALTH_TIMEOUT_S = 3.0
+
+
+async def healthz(request: Request) -> Response:
+    """200 ``ok`` while the console reaches its database and Temporal; else 503 naming which
+    does not answer (docs/metrics.md)."""
+    console: Console = request.app.state.console
+    problems = []
+    try:
+        async with asyncio.timeout(HEALTH_TIMEOUT_S), console.db.connection() as conn:
+            await conn.execute("select 1")
+    except (TimeoutError, RelaunchError) as exc:
+        problems.append(f"database: {str(exc) or 'no answer in 3 s'}")
+    check = console.services.temporal_health
+    if check is not None:
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                await check()
+        except Exception as exc:  # the SDK raises RPCError, RuntimeError, ...
+            problems.append(f"temporal: {str(exc) or 'no answer in 3 s'}")
+    if problems:
+        return PlainTextResponse("\n".join(problems) + "\n", status_code=503)
+    return PlainTextResponse("ok")
+
+
 def session_secret(config: ClusterConfig) -> str:
     secret = os.environ.get(config.console.session_secret_env, "")
     if len(secret) >= 16:
@@ -215,7 +241,7 @@ def create_app(
         Route("/login", routes_auth.login_page, methods=["GET"]),
         Route("/login", routes_auth.login, methods=["POST"]),
         Route("/logout", routes_auth.logout, methods=["POST"]),
-        Route("/healthz", lambda _: PlainTextResponse("ok")),
+        Route("/healthz", healthz),
         *intake.routes(),
         *metrics.routes(),
         Mount("/api/v1", app=create_api(state)),

@@ -19,12 +19,13 @@ from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
 from relaunch.connectors.temporal import NodeDecisionSignals, connect
 from relaunch.connectors.tracing import node_report_span, start_tracing
-from relaunch.models.config import ClusterConfig, ProbeMethod
+from relaunch.models.config import ClusterConfig, ProbeMethod, listen_address
 from relaunch.models.errors import RelaunchError
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, RestartMethod
 from relaunch.models.scheduler import Job, Node, watched
 from relaunch.models.tracing import ATTR_INCIDENT
+from relaunch.workers.process_metrics import Health, serving
 from relaunch.workers.watch_catchup import CatchUp, CatchUpSink
 from relaunch.workers.watch_drains import AuditDrainRecorder
 from relaunch.workers.watcher import WatchConfig, Watcher
@@ -132,9 +133,13 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("watching cluster %s every %.1fs", config.name, config.watch.poll_interval_s)
+    health = Health()
+    health.checks.append(watcher.metrics.check(health.started))
+    address = listen_address(config.metrics.watch_address)
     try:
-        await watcher.run(stop)
+        async with serving(address, watcher.metrics.registry, health, what="watcher"):
+            log.info("watching cluster %s every %.1fs", config.name, config.watch.poll_interval_s)
+            await watcher.run(stop)
     finally:
         await close_scheduler(scheduler)
         await drains.close()
