@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -329,6 +330,12 @@ class MetricsServer:
         class Server(ThreadingHTTPServer):
             address_family = family
             daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A scraper that gave up (its timeout while this process was stopped) is no
+                # error of ours; anything else is logged, not printed.
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    log.exception("the metrics server failed to answer %s", client_address)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name

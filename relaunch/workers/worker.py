@@ -120,12 +120,14 @@ LATENCIES = ("activity_schedule_to_start_latency", "workflow_task_schedule_to_st
 LATENCY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
-def sdk_metrics_runtime() -> int:
-    """Make the Temporal SDK export its metrics (Prometheus text) on a loopback port of its own,
-    read at each scrape of the worker's /metrics (process_metrics.py); that port. Before the
-    first client: clients keep the runtime they were made with."""
+def sdk_metrics_runtime(cluster: str) -> int:
+    """Make the Temporal SDK export its metrics (Prometheus text, every series labelled with
+    ``cluster``) on a loopback port of its own, read at each scrape of the worker's /metrics
+    (process_metrics.py); that port. Before the first client: clients keep the runtime they
+    were made with."""
     port = free_loopback_port()
     telemetry = TelemetryConfig(
+        global_tags={"cluster": cluster},
         metrics=PrometheusConfig(
             bind_address=f"127.0.0.1:{port}",
             counters_total_suffix=True,
@@ -173,7 +175,7 @@ async def run_worker(config: ClusterConfig) -> None:
     address = worker_address(config, child_index())  # a supervisor's child: a port of its own
     log_store = open_log_store(config.logs)  # first: a missing secret fails before connecting
     scheduler = slurm_scheduler(config)  # reads the slurmrestd JWT key, if any, now
-    sdk_port = sdk_metrics_runtime() if address is not None else None
+    sdk_port = sdk_metrics_runtime(config.name) if address is not None else None
     # Compile the signature catalogue now (about 2 s with hyperscan), not in the first recovery.
     await asyncio.to_thread(Catalogue.load)
     tracing = start_tracing(config, "worker")  # a missing headers variable fails here too

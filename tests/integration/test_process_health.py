@@ -6,11 +6,14 @@ answering (slurmctld stopped), and green again after."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
 import urllib.request
+from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from relaunch.devstack import procs
@@ -95,6 +98,7 @@ async def test_worker_and_watcher_serve_their_series_after_a_recovery(
     assert "temporal_activity_schedule_to_start_latency_bucket" in sdk, sdk
     assert "temporal_activity_execution_latency_count" in sdk, sdk
     assert "temporal_worker_task_slots_available" in sdk, sdk
+    assert {labels["cluster"] for labels, _ in got["temporal_num_pollers"]} == {cluster}
     bounds = {
         labels["le"] for labels, _ in got["temporal_activity_schedule_to_start_latency_bucket"]
     }
@@ -139,24 +143,43 @@ async def test_a_stopped_watcher_turns_red_and_green_again(make_harness: MakeHar
         took, why = await red_within(f"{watch}/healthz", RED_WITHIN_S)
     finally:
         os.kill(pid, signal.SIGCONT)
+    print(f"stopped watcher: red after {took:.1f}s ({why})")
     assert took < RED_WITHIN_S and "did not answer" in why, (took, why)
     assert probe_health(f"{worker}/healthz") == (True, "")  # the worker is not the watcher
     assert await green_within(f"{watch}/healthz", 30) < 30
 
 
 async def test_a_watcher_whose_polls_hang_turns_red_within_30_s(
-    make_harness: MakeHarness, stack: Stack
+    make_harness: MakeHarness, stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """slurmctld stopped: every listing hangs until its timeout; the watcher's loop still runs
-    (its /healthz answers), but its last good poll ages, and past 20 s it says so."""
+    (its /healthz answers), but its last good poll ages, and past 20 s it says so. Its log, in
+    JSON, says each poll failed with the error as a field of its own."""
+    monkeypatch.setenv("RELAUNCH_LOG_FORMAT", "json")  # the watcher inherits it
     h, watch, _ = metrics_harness(make_harness, Policy(mode=Mode.MONITOR))
     h.start("watch")
+    log = h.tmp / "watch.log"
     ctld = ctld_pid(stack.slurm)
     assert ctld
     os.kill(ctld, signal.SIGSTOP)
     try:
         took, why = await red_within(f"{watch}/healthz", 30)
+        failed = await poll_failures(log, 60)
     finally:
         os.kill(ctld, signal.SIGCONT)
+    print(f"hung polls: red after {took:.1f}s ({why}); {failed}")
     assert took <= 30 and "last good poll" in why, (took, why)
+    assert failed["level"] in ("WARNING", "ERROR") and failed["error"], failed
+    assert failed["logger"] == "relaunch.workers.watcher" and "retryable" in failed
     assert await green_within(f"{watch}/healthz", 60) < 60
+
+
+async def poll_failures(log: Path, limit_s: float) -> dict[str, object]:
+    """The first JSON line of ``log`` that says "poll failed"."""
+    began = time.monotonic()
+    while time.monotonic() - began < limit_s:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and json.loads(line).get("message") == "poll failed":
+                return dict(json.loads(line))
+        await asyncio.sleep(1)
+    raise AssertionError(f"no 'poll failed' line in {log} after {limit_s}s")
