@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -116,22 +116,32 @@ HEALTH_TIMEOUT_S = 3.0
 
 
 async def healthz(request: Request) -> Response:
-    """200 ``ok`` while the console reaches its database and Temporal; else 503 naming which
-    does not answer (docs/metrics.md)."""
+    """200 ``ok`` while the console reaches its database and Temporal; else 503 with a line
+    for each that does not answer within HEALTH_TIMEOUT_S (docs/metrics.md)."""
     console: Console = request.app.state.console
-    problems = []
-    try:
-        async with asyncio.timeout(HEALTH_TIMEOUT_S), console.db.connection() as conn:
+
+    async def database() -> None:
+        async with console.db.connection() as conn:
             await conn.execute("select 1")
-    except (TimeoutError, RelaunchError) as exc:
-        problems.append(f"database: {str(exc) or 'no answer in 3 s'}")
-    check = console.services.temporal_health
-    if check is not None:
+
+    checks: dict[str, Awaitable[None] | None] = {"database": database(), "temporal": None}
+    if console.services.temporal_health is not None:
+        checks["temporal"] = console.services.temporal_health()
+
+    async def problem(name: str, check: Awaitable[None] | None) -> str | None:
+        if check is None:
+            return None
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_S):
-                await check()
-        except Exception as exc:  # the SDK raises RPCError, RuntimeError, ...
-            problems.append(f"temporal: {str(exc) or 'no answer in 3 s'}")
+                await check
+        except TimeoutError:
+            return f"{name}: no answer within {HEALTH_TIMEOUT_S:.0f} s"
+        except Exception as exc:  # RelaunchError, the SDK's RPCError, RuntimeError, ...
+            return f"{name}: {exc}"
+        return None
+
+    found = await asyncio.gather(*(problem(name, check) for name, check in checks.items()))
+    problems = [line for line in found if line]
     if problems:
         return PlainTextResponse("\n".join(problems) + "\n", status_code=503)
     return PlainTextResponse("ok")
@@ -242,6 +252,9 @@ def create_app(
         Route("/login", routes_auth.login, methods=["POST"]),
         Route("/logout", routes_auth.logout, methods=["POST"]),
         Route("/healthz", healthz),
+        # Alive whatever PostgreSQL and Temporal do: for a liveness probe that must not restart
+        # the console through an outage of either (/healthz is for readiness and alerts).
+        Route("/livez", lambda _: PlainTextResponse("ok")),
         *intake.routes(),
         *metrics.routes(),
         Mount("/api/v1", app=create_api(state)),

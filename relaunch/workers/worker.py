@@ -133,7 +133,7 @@ def sdk_metrics_runtime(cluster: str) -> int:
             counters_total_suffix=True,
             durations_as_seconds=True,
             histogram_bucket_overrides=dict.fromkeys(LATENCIES, LATENCY_BUCKETS_S),
-        )
+        ),
     )
     Runtime.set_default(Runtime(telemetry=telemetry), error_if_already_set=False)
     return port

@@ -18,10 +18,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
 from relaunch.cli.logs import JsonFormatter, TextFormatter
+from relaunch.console.app import create_app
+from relaunch.console.auth import ConsoleRole, write_tokens
+from relaunch.console.web import Services
 from relaunch.devstack.status import probe_health
-from relaunch.models.config import ClusterConfig, MetricsSettings, listen_address
+from relaunch.models.config import ClusterConfig, ConsoleSettings, MetricsSettings, listen_address
 from relaunch.models.config_check import ConfigError, read_config
 from relaunch.models.errors import ControllerUnavailableError
 from relaunch.models.scheduler import Job, JobState, Node, NodeState
@@ -293,6 +297,43 @@ def test_dev_status_probe_is_red_when_health_is_red_or_does_not_answer() -> None
         ok, why = probe_health(f"http://127.0.0.1:{silent.getsockname()[1]}/healthz", 1.0)
         assert not ok and "did not answer" in why
         assert time.monotonic() - began < 3
+
+
+# ---------------------------------------------------------------------- the console
+
+
+def test_console_health_names_the_connection_that_is_down(tmp_path: Path) -> None:
+    """The console's /healthz: 503 naming the database and Temporal when neither answers
+    (a closed port, a health check that fails), /livez still ok; 200 once both answer."""
+    write_tokens(tmp_path / "tokens.json", [("vera", ConsoleRole.VIEWER)])
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    config = ClusterConfig(
+        name="c",
+        database_url=f"postgresql://relaunch@127.0.0.1:{port}/relaunch?connect_timeout=1",
+        bundle_dir=str(tmp_path / "bundles"),
+        console=ConsoleSettings(tokens_file=str(tmp_path / "tokens.json")),
+    )
+    temporal_up = False
+
+    async def temporal_health() -> None:
+        if not temporal_up:
+            raise RuntimeError("Failed client connect: connection refused")
+
+    app = create_app(
+        config, Services(temporal_health=temporal_health), secret="health-test-secret-0123456789"
+    )
+    with TestClient(app) as client:
+        r = client.get("/healthz")
+        assert r.status_code == 503
+        lines = r.text.splitlines()
+        assert lines[0] == "database: no answer within 3 s", lines
+        assert lines[1] == "temporal: Failed client connect: connection refused"
+        assert client.get("/livez").text == "ok"
+        temporal_up = True
+        assert client.get("/healthz").text.splitlines()[0].startswith("database: ")
+        assert len(client.get("/healthz").text.splitlines()) == 1
 
 
 # ---------------------------------------------------------------------- log lines
