@@ -137,7 +137,9 @@ async def test_worker_and_watcher_serve_their_series_after_a_recovery(
     }
 
 
-async def test_a_stopped_watcher_turns_red_and_green_again(make_harness: MakeHarness) -> None:
+async def test_a_stopped_watcher_or_worker_turns_red_and_green_again(
+    make_harness: MakeHarness,
+) -> None:
     h, watch, worker = metrics_harness(make_harness, Policy(mode=Mode.MONITOR))
     h.start("worker")
     h.start("watch")
@@ -152,6 +154,15 @@ async def test_a_stopped_watcher_turns_red_and_green_again(make_harness: MakeHar
     assert took < RED_WITHIN_S and "did not answer: timed out" in why, (took, why)
     assert probe_health(f"{worker}/healthz") == (True, "")  # the worker is not the watcher
     assert await green_within(f"{watch}/healthz", 30) < 30
+    # A frozen worker likewise.
+    pid = h.procs["worker"].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        took, why = await red_within(f"{worker}/healthz", RED_WITHIN_S)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert "did not answer: timed out" in why, (took, why)
+    assert await green_within(f"{worker}/healthz", 30) < 30
 
 
 async def test_a_watcher_whose_polls_hang_turns_red_within_30_s(
