@@ -363,3 +363,40 @@ def test_json_log_lines_keep_the_structured_fields() -> None:
 def test_text_log_lines_keep_the_structured_fields() -> None:
     text = TextFormatter().format(record("poll failed", error="no answer", nodes=["n1"]))
     assert text.endswith('poll failed error="no answer" nodes=["n1"]')
+
+
+def test_a_supervisor_passes_the_log_settings_to_its_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from relaunch.cli import incidents
+    from relaunch.cli.main import cli
+    from relaunch.workers import supervisor
+
+    made: list[list[str]] = []
+
+    class Supervisor:
+        def __init__(self, argv: list[str], count: int, **_: object) -> None:
+            made.append(argv)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(supervisor, "Supervisor", Supervisor)
+    monkeypatch.setattr(incidents, "_logging", lambda *args: None)
+    config = tmp_path / "c.json"
+    config.write_text(
+        json.dumps({"name": "c", "database_url": "postgresql://x/y", "bundle_dir": "/b"})
+    )
+    result = CliRunner().invoke(
+        cli,
+        ["worker", "--config", str(config), "--processes", "2", "--log-level", "debug"],
+        env={"RELAUNCH_LOG_FORMAT": "json"},
+    )
+    assert result.exit_code == 0, result.output
+    (argv,) = made
+    assert argv[argv.index("--log-format") + 1] == "json"
+    assert argv[argv.index("--log-level") + 1] == "debug"
+    bad = CliRunner().invoke(cli, ["watch", "--config", str(config), "--log-format", "xml"])
+    assert bad.exit_code == 2 and "'xml' is not one of 'text', 'json'" in bad.output
