@@ -19,11 +19,16 @@ from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
+from temporalio import activity, workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from relaunch.cli.logs import JsonFormatter, TextFormatter
 from relaunch.console.app import create_app
 from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.console.web import Services
+from relaunch.devstack.services import temporal_binary
 from relaunch.devstack.status import probe_health
 from relaunch.models.config import ClusterConfig, ConsoleSettings, MetricsSettings, listen_address
 from relaunch.models.config_check import ConfigError, read_config
@@ -34,6 +39,7 @@ from relaunch.workers.process_metrics import (
     MetricsAddressError,
     MetricsServer,
     WatchMetrics,
+    WorkerMetrics,
     heartbeat,
     poll_stale_s,
 )
@@ -400,3 +406,59 @@ def test_a_supervisor_passes_the_log_settings_to_its_workers(
     assert argv[argv.index("--log-level") + 1] == "debug"
     bad = CliRunner().invoke(cli, ["watch", "--config", str(config), "--log-format", "xml"])
     assert bad.exit_code == 2 and "'xml' is not one of 'text', 'json'" in bad.output
+
+
+# ---------------------------------------------------------------------- the worker's activities
+
+
+@activity.defn
+async def works(value: int) -> int:
+    return value + 1
+
+
+@activity.defn
+async def breaks(value: int) -> int:
+    raise ApplicationError("the scheduler refused", non_retryable=True)
+
+
+@workflow.defn(sandboxed=False)
+class TwoSteps:
+    @workflow.run
+    async def run(self, value: int) -> str:
+        await workflow.execute_activity(works, value, start_to_close_timeout=timedelta(seconds=10))
+        try:
+            await workflow.execute_activity(
+                breaks, value, start_to_close_timeout=timedelta(seconds=10)
+            )
+        except ActivityError:
+            return "broke"
+        return "did not break"
+
+
+async def test_a_worker_counts_each_activity_by_result() -> None:
+    """relaunch_worker_activities_total from a real worker on a Temporal dev server."""
+    metrics = WorkerMetrics("c1", lambda: 3)
+    async with (
+        await WorkflowEnvironment.start_local(
+            dev_server_existing_path=str(temporal_binary())
+        ) as env,
+        Worker(
+            env.client,
+            task_queue="metrics-test",
+            workflows=[TwoSteps],
+            activities=[works, breaks],
+            interceptors=[metrics.interceptor()],
+        ),
+    ):
+        result = await env.client.execute_workflow(
+            TwoSteps.run, 1, id="metrics-test", task_queue="metrics-test"
+        )
+    assert result == "broke"
+    got = series(
+        MetricsServer(("127.0.0.1", 0), metrics.registry, Health()).metrics_text().decode()
+    )
+    assert got['relaunch_worker_activities_total{activity="works",cluster="c1",result="ok"}'] == 1
+    assert (
+        got['relaunch_worker_activities_total{activity="breaks",cluster="c1",result="error"}'] == 1
+    )
+    assert got["relaunch_worker_audit_write_failures_total"] == 3
