@@ -4,6 +4,7 @@ share one PostgreSQL and one Temporal (`--cluster-config`, repeatable)."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from temporalio.client import Client
 
 from relaunch.cli.exits import fail as _fail
 from relaunch.cli.incidents import config_options, load_config
+from relaunch.cli.logs import log_options
 from relaunch.connectors.audit import refuse_behind_schema
 from relaunch.connectors.slurm.factory import slurm_scheduler
 from relaunch.console.auth import ConsoleRole
@@ -22,6 +24,8 @@ from relaunch.models.recovery import Approval, Detection
 
 if TYPE_CHECKING:
     from relaunch.console.web import Services
+
+HEALTH_TIMEOUT_S = 3.0  # the console's /healthz: how long Temporal has to answer
 
 
 class TemporalDecider:
@@ -41,6 +45,11 @@ class TemporalDecider:
             if self._client is None:
                 self._client = await connect(self._config)
             return self._client
+
+    async def check_health(self) -> None:
+        """Raise unless the Temporal frontend answers its health check within a few seconds."""
+        client = await asyncio.wait_for(self._connected(), timeout=HEALTH_TIMEOUT_S)
+        await client.service_client.check_health(timeout=timedelta(seconds=HEALTH_TIMEOUT_S))
 
     async def __call__(self, incident: str, decision: str, approval: Approval) -> object:
         from relaunch.workflows import recovery_client
@@ -74,12 +83,14 @@ def cluster_services(config: ClusterConfig) -> Services:
         scheduler=slurm_scheduler(config),
         deliver=temporal.deliver,
         repaired=temporal.repaired,
+        temporal_health=temporal.check_health,
     )
 
 
 def register(cli: click.Group) -> None:
     @cli.group("console", invoke_without_command=True)
     @config_options
+    @log_options
     @click.option(
         "--cluster-config",
         "cluster_configs",
@@ -101,6 +112,8 @@ def register(cli: click.Group) -> None:
         cluster_configs: tuple[Path, ...],
         host: str | None,
         port: int | None,
+        log_format: str,
+        log_level: str,
     ) -> None:
         """Serve the Recovery Console: incidents, approvals, nodes, jobs and the audit trail;
         the intake routes (Alertmanager, Slurm hooks, health events), /metrics, and the
@@ -119,7 +132,7 @@ def register(cli: click.Group) -> None:
             others = [load_config(path, cluster, state_dir) for path in cluster_configs]
             check_shared(config, others)
             asyncio.run(refuse_behind_schema(config.database_url))  # `relaunch db migrate`
-            _logging()
+            _logging(None, log_format, log_level)
             app = create_app(
                 config,
                 cluster_services(config),

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import click
 
 from relaunch.cli.exits import fail as _fail
+from relaunch.cli.logs import log_options
 from relaunch.cli.terminal import printable
 from relaunch.connectors.audit import AuditStore, IncidentRow, StoredEvent
 from relaunch.models.config import ClusterConfig
@@ -63,12 +64,12 @@ def config_options(fn: click.decorators.FC) -> click.decorators.FC:
     return fn
 
 
-def _logging(label: str | None = None) -> None:
-    """Log at INFO to stderr; ``label`` (e.g. ``worker[2/4]``) names the process in each line."""
-    who = f"{label} " if label else ""
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s %(message)s"
-    )
+def _logging(label: str | None = None, fmt: str = "text", level: str = "info") -> None:
+    """Log to stderr (relaunch/cli/logs.py); ``label`` (e.g. ``worker[2/4]``) names the
+    process in each line."""
+    from relaunch.cli.logs import setup
+
+    setup(label, fmt, level)
 
 
 # The pool logs each failed connection attempt; the CLI reports the outcome in one line instead.
@@ -87,16 +88,18 @@ def register(cli: click.Group) -> None:
         cluster: str,
         state_dir: Path,
         label: str | None = None,
+        log: tuple[str, str] = ("text", "info"),
     ) -> None:
         try:
             config = load_config(config_path, cluster, state_dir)
-            _logging(label)
+            _logging(label, *log)
             asyncio.run(run(config))
         except RelaunchError as exc:
             _fail(exc)
 
     @cli.command("worker")
     @config_options
+    @log_options
     @click.option(
         "--processes",
         type=click.IntRange(1, 64),
@@ -108,8 +111,18 @@ def register(cli: click.Group) -> None:
         "queue: one per core, up to the cores of the host. With more than one, this process "
         "supervises them (restarts one that dies, forwards SIGTERM and SIGINT).",
     )
-    def worker_cmd(config_path: Path | None, cluster: str, state_dir: Path, processes: int) -> None:
-        """Run the Temporal worker that executes recoveries for one cluster."""
+    def worker_cmd(
+        config_path: Path | None,
+        cluster: str,
+        state_dir: Path,
+        processes: int,
+        log_format: str,
+        log_level: str,
+    ) -> None:
+        """Run the Temporal worker that executes recoveries for one cluster. With
+        metrics.worker_address set, it serves /metrics (the Temporal SDK's series and its own)
+        and /healthz there (docs/metrics.md)."""
+        log = (log_format, log_level)
         if processes == 1:
             from relaunch.workers.supervisor import CHILD_ENV, PARENT_ENV, watch_parent
             from relaunch.workers.worker import run_worker
@@ -120,11 +133,17 @@ def register(cli: click.Group) -> None:
             label = f"worker[{child}]" if re.fullmatch(r"\d+/\d+", child) else None
             if label and parent.isdigit():
                 watch_parent(int(parent))
-            _serve(run_worker, config_path, cluster, state_dir, label)
+            _serve(run_worker, config_path, cluster, state_dir, label, log)
             return
-        _supervise(config_path, cluster, state_dir, processes)
+        _supervise(config_path, cluster, state_dir, processes, log)
 
-    def _supervise(config_path: Path | None, cluster: str, state_dir: Path, processes: int) -> None:
+    def _supervise(
+        config_path: Path | None,
+        cluster: str,
+        state_dir: Path,
+        processes: int,
+        log: tuple[str, str],
+    ) -> None:
         """Run ``processes`` copies of `relaunch worker --processes 1` until SIGTERM or SIGINT."""
         from relaunch.workers.supervisor import Supervisor
 
@@ -133,22 +152,27 @@ def register(cli: click.Group) -> None:
             load_config(path, cluster, state_dir)  # a bad configuration fails here, once
         except RelaunchError as exc:
             _fail(exc)
-        _logging()
+        _logging(None, *log)
         argv = [
             sys.executable, "-m", "relaunch.cli", "worker",
             "--config", str(path.resolve()), "--cluster", cluster,
-            "--state-dir", str(state_dir.resolve()), "--processes", "1",
+            "--state-dir", str(state_dir.resolve()),
+            "--log-format", log[0], "--log-level", log[1], "--processes", "1",
         ]  # fmt: skip
         env = {**os.environ, PROCESSES_ENV: "1"}
         sys.exit(Supervisor(argv, processes, env=env).run())
 
     @cli.command("watch")
     @config_options
-    def watch_cmd(config_path: Path | None, cluster: str, state_dir: Path) -> None:
-        """Watch one cluster's jobs and start (or join) a recovery for each interruption."""
+    @log_options
+    def watch_cmd(
+        config_path: Path | None, cluster: str, state_dir: Path, log_format: str, log_level: str
+    ) -> None:
+        """Watch one cluster's jobs and start (or join) a recovery for each interruption. With
+        metrics.watch_address set, it serves /metrics and /healthz there (docs/metrics.md)."""
         from relaunch.workers.watch_main import run_watch
 
-        _serve(run_watch, config_path, cluster, state_dir)
+        _serve(run_watch, config_path, cluster, state_dir, log=(log_format, log_level))
 
     def _decide(decision: str, incident: str, by: str, reason: str, config: ClusterConfig) -> None:
         from relaunch.connectors.temporal import connect

@@ -221,6 +221,8 @@ class AuditStore:
         # Incidents this process has made sure of (rows are never deleted): bounded, cleared
         # when full.
         self._ensured: set[str] = set()
+        # Writes (rows, incidents) that failed, for the worker's metrics.
+        self.write_failures = 0
 
     @classmethod
     async def open(
@@ -272,7 +274,7 @@ class AuditStore:
     ) -> None:
         if incident_id in self._ensured:  # every row of a recovery asks; once is enough
             return
-        async with self._pool.connection() as conn:
+        async with self._counting_failures(), self._pool.connection() as conn:
             await conn.execute(
                 "insert into incidents (id, cluster, job_id, attempt) values (%s, %s, %s, %s)"
                 " on conflict (id) do nothing",
@@ -284,7 +286,7 @@ class AuditStore:
 
     async def record(self, record: AuditRecord, *, dedupe_key: str | None = None) -> bool:
         """Append one row; False when a row with the same dedupe_key is already there."""
-        async with self._pool.connection() as conn:
+        async with self._counting_failures(), self._pool.connection() as conn:
             return await _insert(conn, record, dedupe_key)
 
     async def record_many(self, rows: Sequence[tuple[AuditRecord, str | None]]) -> int:
@@ -292,8 +294,20 @@ class AuditStore:
         A node decision's requeue batch records one row in each job's incident this way."""
         if not rows:
             return 0
-        async with self._pool.connection() as conn, conn.transaction():
+        async with (
+            self._counting_failures(),
+            self._pool.connection() as conn,
+            conn.transaction(),
+        ):
             return sum([await _insert(conn, record, key) for record, key in rows])
+
+    @contextlib.asynccontextmanager
+    async def _counting_failures(self) -> AsyncIterator[None]:
+        try:
+            yield
+        except Exception:
+            self.write_failures += 1
+            raise
 
     async def incident_info(self, incident_id: str) -> dict[str, Any] | None:
         """The incident's cluster, job_id and attempt (None if unknown)."""

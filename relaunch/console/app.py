@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -109,6 +110,41 @@ async def on_http(request: Request, exc: Exception) -> Response:
     status = int(getattr(exc, "status_code", 500))
     title = {404: "Not found", 405: "Method not allowed"}.get(status, "Error")
     return _problem_response(request, status, title, str(getattr(exc, "detail", "")))
+
+
+HEALTH_TIMEOUT_S = 3.0
+
+
+async def healthz(request: Request) -> Response:
+    """200 ``ok`` while the console reaches its database and Temporal; else 503 with a line
+    for each that does not answer within HEALTH_TIMEOUT_S (docs/metrics.md)."""
+    console: Console = request.app.state.console
+
+    async def database() -> None:
+        async with console.db.connection() as conn:
+            await conn.execute("select 1")
+
+    checks: dict[str, Awaitable[None] | None] = {"database": database(), "temporal": None}
+    if console.services.temporal_health is not None:
+        checks["temporal"] = console.services.temporal_health()
+
+    async def problem(name: str, check: Awaitable[None] | None) -> str | None:
+        if check is None:
+            return None
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                await check
+        except TimeoutError:
+            return f"{name}: no answer within {HEALTH_TIMEOUT_S:.0f} s"
+        except Exception as exc:  # RelaunchError, the SDK's RPCError, RuntimeError, ...
+            return f"{name}: {exc}"
+        return None
+
+    found = await asyncio.gather(*(problem(name, check) for name, check in checks.items()))
+    problems = [line for line in found if line]
+    if problems:
+        return PlainTextResponse("\n".join(problems) + "\n", status_code=503)
+    return PlainTextResponse("ok")
 
 
 def session_secret(config: ClusterConfig) -> str:
@@ -215,7 +251,10 @@ def create_app(
         Route("/login", routes_auth.login_page, methods=["GET"]),
         Route("/login", routes_auth.login, methods=["POST"]),
         Route("/logout", routes_auth.logout, methods=["POST"]),
-        Route("/healthz", lambda _: PlainTextResponse("ok")),
+        Route("/healthz", healthz),
+        # Alive whatever PostgreSQL and Temporal do: for a liveness probe that must not restart
+        # the console through an outage of either (/healthz is for readiness and alerts).
+        Route("/livez", lambda _: PlainTextResponse("ok")),
         *intake.routes(),
         *metrics.routes(),
         Mount("/api/v1", app=create_api(state)),

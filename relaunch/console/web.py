@@ -74,6 +74,8 @@ class Services:
     scheduler: Scheduler | None = None
     deliver: Deliver | None = None  # signal-with-start of a pushed-in detection (intake)
     repaired: Repaired | None = None  # a repair callback (intake): the lifecycle's `returned`
+    # Raises when the Temporal frontend does not answer (the console's /healthz).
+    temporal_health: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass

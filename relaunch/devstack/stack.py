@@ -48,7 +48,7 @@ from relaunch.devstack.slurm_release import (
     write_wrappers,
 )
 from relaunch.devstack.status import StackStatus, stack_status
-from relaunch.models.config import ClusterConfig, ConsoleSettings, WatchSettings
+from relaunch.models.config import ClusterConfig, ConsoleSettings, MetricsSettings, WatchSettings
 from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.lifecycle import HealthCheck, LifecycleSettings
 from relaunch.models.scheduler import NodeState
@@ -64,6 +64,15 @@ CONSOLE_USERS = (
     ("approver", ConsoleRole.APPROVER),
     ("admin", ConsoleRole.ADMIN),
 )
+
+
+def metrics_on_free_ports() -> MetricsSettings:
+    """A cluster's worker and watcher serve /metrics and /healthz on free loopback ports
+    (`relaunch dev status` prints the URLs and asks each /healthz)."""
+    return MetricsSettings(
+        watch_address=f"127.0.0.1:{procs.free_port()}",
+        worker_address=f"127.0.0.1:{procs.free_port()}",
+    )
 
 
 class StackConfig(BaseModel):
@@ -437,10 +446,15 @@ class Stack:
         for home in self.clusters:
             path = home.config_path
             if path.exists():
-                # A configuration from before the console: give it the console section only.
-                saved = ClusterConfig.model_validate_json(path.read_text())
+                # A configuration from before the console (or before metrics): give it the
+                # missing section only.
+                text = path.read_text()
+                saved = ClusterConfig.model_validate_json(text)
                 if saved.console.tokens_file is None:
                     saved = saved.model_copy(update={"console": self.console_settings()})
+                if '"metrics"' not in text:
+                    saved = saved.model_copy(update={"metrics": metrics_on_free_ports()})
+                if saved.model_dump_json(indent=2) != text:
                     path.write_text(saved.model_dump_json(indent=2))
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -448,7 +462,9 @@ class Stack:
             for node in home.slurm.nodes:
                 home.node_log(node).parent.mkdir(parents=True, exist_ok=True)
                 home.node_log(node).touch()
-            path.write_text(self.cluster_config(home.name).model_dump_json(indent=2))
+            config = self.cluster_config(home.name)
+            config = config.model_copy(update={"metrics": metrics_on_free_ports()})
+            path.write_text(config.model_dump_json(indent=2))
 
     def relaunch_services(self) -> list[tuple[str, ClusterHome]]:
         """Each cluster's worker and watcher, then the console (under the first cluster's

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
@@ -15,11 +17,17 @@ from relaunch.devstack.slurm import (
     restd_local_healthy,
     slurmd_pid,
 )
+from relaunch.models.config import ClusterConfig, listen_address
 from relaunch.models.errors import RelaunchError
 
 if TYPE_CHECKING:
     from relaunch.devstack.clusters import ClusterHome
     from relaunch.devstack.stack import Stack
+
+
+# How long `relaunch dev status` waits for a process's /healthz: a stopped (SIGSTOP) or wedged
+# process does not answer, and is reported down after this.
+HEALTH_TIMEOUT_S = 3.0
 
 
 class Part(BaseModel):
@@ -71,17 +79,62 @@ def stack_status(stack: Stack) -> StackStatus:
         parts.extend(pause_parts(stack))
     if stack.config.services:
         for name, home in stack.relaunch_services():
-            pid = home.service_pid(name)
-            parts.append(
-                Part(
-                    name=stack.service_label(name, home),
-                    address=stack.console_url if name == "console" else f"cluster {home.name}",
-                    pid=pid,
-                    healthy=pid is not None,
-                    detail=f"log {home.log_file(name)}",
-                )
-            )
+            parts.append(service_part(stack, name, home))
     return StackStatus(state_dir=str(stack.state_dir), parts=parts)
+
+
+def service_part(stack: Stack, name: str, home: ClusterHome) -> Part:
+    """A Relaunch process: running, and its /healthz answering 200 within HEALTH_TIMEOUT_S
+    (a wedged or stopped process does not). The worker and the watcher are shown at their
+    metrics URL; the console at its own."""
+    pid = home.service_pid(name)
+    log = f"log {home.log_file(name)}"
+    base: str | None
+    if name == "console":
+        base = stack.console_url.rstrip("/")
+        address = stack.console_url
+    else:
+        base = service_base_url(home, name)
+        address = f"{base}/metrics" if base else f"cluster {home.name} (metrics off)"
+    if pid is None:
+        return Part(name=stack.service_label(name, home), address=address, healthy=False)
+    healthy, why = (True, "") if base is None else probe_health(f"{base}/healthz")
+    return Part(
+        name=stack.service_label(name, home),
+        address=address,
+        pid=pid,
+        healthy=healthy,
+        detail=f"{why}; {log}" if why else log,
+    )
+
+
+def service_base_url(home: ClusterHome, name: str) -> str | None:
+    """``http://host:port`` of the worker's or the watcher's metrics server, from the cluster's
+    configuration; None when it is off (or the configuration cannot be read)."""
+    try:
+        metrics = ClusterConfig.model_validate_json(home.config_path.read_text()).metrics
+    except (OSError, ValueError):
+        return None
+    address = listen_address(metrics.watch_address if name == "watch" else metrics.worker_address)
+    if address is None:
+        return None
+    host, port = address
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def probe_health(url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, str]:
+    """(healthy, why not): a GET of ``url`` answered 200 within ``timeout_s``."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own
+            return resp.status == 200, ""
+    except urllib.error.HTTPError as exc:
+        body = exc.read(500).decode("utf-8", "replace").strip()
+        text = "".join(c if c.isprintable() else " " for c in body)
+        return False, f"/healthz {exc.code}: {text}"
+    except (OSError, urllib.error.URLError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"/healthz did not answer: {reason}"
 
 
 def cluster_parts(stack: Stack, home: ClusterHome) -> list[Part]:

@@ -224,6 +224,49 @@ class AuditSettings(BaseModel):
     )
 
 
+# A listen address: a host name or an IP literal (IPv6 in brackets), a colon, a port.
+_LISTEN = re.compile(
+    r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>\d{1,5})"
+)
+METRICS_OFF = "off"
+
+
+def listen_address(value: str) -> tuple[str, int] | None:
+    """``host:port`` (``[::1]:9410`` for IPv6) as a pair; None for ``off``. ValueError when it is
+    neither, or the port is outside 1-65535."""
+    if value == METRICS_OFF:
+        return None
+    match = _LISTEN.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:9410, 0.0.0.0:9410) nor off")
+    port = int(match["port"])
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} of {value!r} is outside 1-65535")
+    return match["host"].strip("[]"), port
+
+
+class MetricsSettings(BaseModel):
+    """Where the worker and the watcher serve ``/metrics`` and ``/healthz`` (docs/metrics.md)."""
+
+    model_config = STRICT
+
+    watch_address: str = Field(
+        default=METRICS_OFF,
+        description="host:port of the watcher's /metrics and /healthz (e.g. 0.0.0.0:9410), or off",
+    )
+    worker_address: str = Field(
+        default=METRICS_OFF,
+        description="host:port of the worker's /metrics (its Temporal SDK series and its own) "
+        "and /healthz, or off; with `--processes N`, child i listens on port + i - 1",
+    )
+
+    @field_validator("watch_address", "worker_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        listen_address(value)
+        return value
+
+
 # A DNS name or an IPv4/IPv6 literal; nothing that could read as an option or a user@ prefix.
 _SSH_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45}")
 
@@ -340,6 +383,11 @@ class ClusterConfig(BaseModel):
     audit: AuditSettings = Field(
         default_factory=AuditSettings,
         description="retention of the audit trail and its bundles (docs/retention.md)",
+    )
+    metrics: MetricsSettings = Field(
+        default_factory=MetricsSettings,
+        description="the worker's and the watcher's /metrics and /healthz (docs/metrics.md); "
+        "off by default",
     )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,

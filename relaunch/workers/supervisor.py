@@ -192,6 +192,15 @@ class Supervisor:
                 time.sleep(self.poll_s)
 
 
+def child_index(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """``(i, N)`` when a supervisor started this process as its child ``i`` of ``N``."""
+    value = (os.environ if env is None else env).get(CHILD_ENV, "")
+    index, _, count = value.partition("/")
+    if index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count):
+        return int(index), int(count)
+    return None
+
+
 def watch_parent(pid: int, *, interval_s: float = 1.0) -> threading.Thread:
     """In a child: send this process SIGTERM (a graceful shutdown) once its parent, ``pid``, is
     gone, so that a supervisor killed outright (SIGKILL) leaves no worker behind it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -23,12 +24,13 @@ from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
 from relaunch.connectors.temporal import NodeDecisionSignals, connect
 from relaunch.connectors.tracing import node_report_span, start_tracing
-from relaunch.models.config import ClusterConfig, ProbeMethod
+from relaunch.models.config import ClusterConfig, ProbeMethod, listen_address
 from relaunch.models.errors import RelaunchError
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, RestartMethod
 from relaunch.models.scheduler import Job, Node, watched
 from relaunch.models.tracing import ATTR_INCIDENT
+from relaunch.workers.process_metrics import Health, WatchMetrics, serving
 from relaunch.workers.watch_catchup import CatchUp, CatchUpSink, CaughtUp, Sink
 from relaunch.workers.watch_drains import AuditDrainRecorder
 from relaunch.workers.watch_lease import WatchLease
@@ -36,6 +38,9 @@ from relaunch.workers.watcher import WatchConfig, Watcher
 from relaunch.workflows import recovery_client
 
 log = logging.getLogger("relaunch.watch")
+
+# A lease loop (standby tries, leader confirmations: every second) this long silent is stuck.
+LEASE_STALE_S = 10.0
 
 
 class BriefSchedulerView:
@@ -125,6 +130,16 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     # through the lease: only the leader acts, and only while its lease is confirmed.
     lease = WatchLease(config.name, config.database_url)
     act = lease.guard
+    # One set of series for the process (relaunch/workers/process_metrics.py): each term's
+    # watcher adds to it; a standby is healthy while its lease loop runs, a leader while it polls.
+    terms: list[Watcher] = []
+    metrics = WatchMetrics(config.name, lambda: terms[-1].probe_counts() if terms else (0, 0, 0))
+    metrics.poll_interval_s = config.watch.poll_interval_s
+    metrics.standby = True
+
+    def lease_alive(now: float) -> str | None:
+        age = lease.loop_age_s(now)
+        return f"the lease's loop stalled: {age:.0f}s" if age > LEASE_STALE_S else None
 
     async def lead(end: asyncio.Event) -> None:
         """One term as the cluster's leader: a fresh watcher, as at start-up, until ``end``."""
@@ -139,11 +154,16 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
             on_follow_ups=act(on_follow_ups),
             on_external_drains=act(drains),
             catch_up=catch_up(config, scheduler, LeaderSink(caught_up, lease)),
+            metrics=metrics,
         )
         log.info("watching cluster %s every %.1fs", config.name, config.watch.poll_interval_s)
+        terms.append(watcher)
+        metrics.leading_since, metrics.standby = time.monotonic(), False
         try:
             await watcher.run(end)
         finally:
+            metrics.standby = True
+            terms.remove(watcher)
             if liveness is not None:
                 await liveness.prober.close()
             if probe_runner is not None:
@@ -153,8 +173,13 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    health = Health()
+    health.checks.append(metrics.check(health.started))
+    health.checks.append(lease_alive)
+    address = listen_address(config.metrics.watch_address)
     try:
-        await lease.run(stop, lead)
+        async with serving(address, metrics.registry, health, what="watcher"):
+            await lease.run(stop, lead)
     finally:
         await close_scheduler(scheduler)
         await drains.close()

@@ -80,6 +80,7 @@ from relaunch.models.scheduler import (
     NodeState,
     watched,
 )
+from relaunch.workers.process_metrics import WatchMetrics
 from relaunch.workers.watch_catchup import CatchUp
 from relaunch.workers.watch_drains import DrainRecorder, ExternalDrains
 from relaunch.workers.watch_handover import (
@@ -181,9 +182,14 @@ class Watcher:
         on_follow_ups: FollowUpHandler | None = None,
         on_external_drains: DrainRecorder | None = None,
         catch_up: CatchUp | None = None,
+        metrics: WatchMetrics | None = None,
     ) -> None:
         self.config = config
         self.stats = WatchStats()
+        # The Prometheus series (relaunch/workers/process_metrics.py); served where configured.
+        # A process that leads by turns (the lease) keeps one set across its watchers.
+        self.metrics = metrics or WatchMetrics(config.cluster, self.probe_counts)
+        self.metrics.poll_interval_s = config.poll_interval_s
         self._scheduler = scheduler
         self._on_detection = on_detection
         self._on_follow_ups = on_follow_ups
@@ -255,6 +261,8 @@ class Watcher:
         self.stats.watched_jobs = len(jobs)
         self.stats.detections += len(found)
         self.stats.last_poll_s = time.monotonic() - started
+        self.metrics.polled(self.stats.last_poll_s, len(jobs), len(in_use))
+        self.metrics.detected(found)
         self._slow_pass("poll", self.stats.last_poll_s)
         if self._catch_up is not None:
             self._catch_up.after_poll(polled_at, {j.job_id for j in listing}, time.monotonic())
@@ -309,6 +317,7 @@ class Watcher:
         asking the scheduler (a line is seen within ``log_interval_s``, not a whole poll)."""
         found = [d for dets in self._log_pass(now) for d in dets]
         self.stats.detections += len(found)
+        self.metrics.detected(found)
         return found
 
     async def read_logs(self) -> list[Detection]:
@@ -323,6 +332,7 @@ class Watcher:
                 found.extend(dets)
                 slice_end = await self._between_jobs(slice_end)
         self.stats.detections += len(found)
+        self.metrics.detected(found)
         return found
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -353,6 +363,8 @@ class Watcher:
                         poll = asyncio.create_task(self.poll_once())
                     if poll is not None and poll.done():
                         done, poll = poll, None
+                        if done.exception() is not None:
+                            self.metrics.poll_failed()
                         new = done.result()
                     elif not self._pass_lock.locked():  # else a poll's pass is under way
                         began = time.monotonic()
@@ -509,6 +521,10 @@ class Watcher:
         pending.clear()
         pending.extend(left)
 
+    def probe_counts(self) -> tuple[int, int, int]:
+        """Probes sent, failed, and rounds that could not probe (read at each scrape)."""
+        return self.stats.probes, self.stats.probe_failures, self.stats.probe_errors
+
     def _running_on(self, node: str) -> list[Job]:
         """The watched jobs RUNNING on ``node``."""
         return [
@@ -593,6 +609,7 @@ class Watcher:
                     path, from_start=watch.from_start, access=access
                 )
             lines = stream.read(share)
+            self.metrics.read(stream.last_read)
             behind = behind or stream.behind
             ignored = watch.progress.ignored_lines
             for line in lines:
@@ -662,6 +679,7 @@ class Watcher:
         feed.matches, feed.telemetry_matches = [], []
         if feed.log is not None:
             lines = feed.log.read()
+            self.metrics.read(feed.log.last_read)
             feed.matches = [
                 match
                 for match in self._catalogue.scan_lines(

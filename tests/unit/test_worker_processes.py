@@ -276,7 +276,7 @@ def test_the_cli_supervises_children_that_run_one_worker_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sup, "Supervisor", FakeSupervisor)
-    monkeypatch.setattr(incidents, "_logging", lambda label=None: None)
+    monkeypatch.setattr(incidents, "_logging", lambda *args: None)
     FakeSupervisor.made.clear()
     config = _config(tmp_path)
     result = CliRunner().invoke(
@@ -316,7 +316,7 @@ def test_one_process_runs_the_worker_here_labelled_when_a_supervisor_started_it(
         ran.append(config.name)
 
     monkeypatch.setattr(worker, "run_worker", fake_run_worker)
-    monkeypatch.setattr(incidents, "_logging", labels.append)
+    monkeypatch.setattr(incidents, "_logging", lambda label, *log: labels.append(label))
     monkeypatch.setattr(sup, "watch_parent", watched.append)
     monkeypatch.setattr(sup, "Supervisor", FakeSupervisor)
     FakeSupervisor.made.clear()
