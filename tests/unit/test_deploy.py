@@ -230,7 +230,10 @@ def test_deployments_run_the_right_commands_with_probes_and_limits(
         mounts = _mounts(container, pod)
         assert "/run/relaunch" in mounts and "/tmp" in mounts
     console = deployment(docs, "console")["spec"]["template"]["spec"]["containers"][0]
-    assert console["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # Restarted only when it stops serving; out of its Service while its database or Temporal
+    # does not answer.
+    assert console["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert console["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert deployment(docs, "worker")["spec"]["template"]["spec"]["containers"][0]["livenessProbe"][
         "exec"
     ]["command"] == ["relaunch-entrypoint", "--check"]

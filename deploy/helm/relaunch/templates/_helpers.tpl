@@ -490,12 +490,14 @@ with "args" where the command line is not `COMMAND --config /run/relaunch/cluste
     - name: http
       containerPort: {{ $v.console.port }}
       protocol: TCP
+  # Alive while it serves (/livez): an outage of PostgreSQL or Temporal makes /healthz 503,
+  # which takes the console out of its Service (readiness) without restarting it.
   startupProbe:
-    httpGet: {path: /healthz, port: http}
+    httpGet: {path: /livez, port: http}
     periodSeconds: 2
     failureThreshold: 30
   livenessProbe:
-    httpGet: {path: /healthz, port: http}
+    httpGet: {path: /livez, port: http}
     periodSeconds: 15
     timeoutSeconds: 5
   readinessProbe:
