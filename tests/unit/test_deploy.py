@@ -93,6 +93,10 @@ def to_json(yaml_text: str) -> list[dict[str, Any]]:
     return docs
 
 
+def kinds_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
 def render(example: str, *sets: str) -> list[dict[str, Any]]:
     args = [
         "template",
@@ -282,21 +286,22 @@ def test_secrets_reach_the_processes_only_by_reference(
 
 
 def test_watcher_runs_once_and_stops_slower_than_the_worker(helm: str) -> None:
+    """One watcher by default; standbys (up to three pods) wait on the cluster's lease, so a
+    new pod may start before the old one stops."""
     refused = _helm(
-        "template",
-        "rel",
-        str(CHART),
-        "-f",
-        str(CHART / "values-ssh.yaml"),
-        "--set",
-        "watcher.replicas=3",
-    )
+        "template", "rel", str(CHART), "-f", str(CHART / "values-ssh.yaml"),
+        "--set", "watcher.replicas=4",
+    )  # fmt: skip
     assert refused.returncode != 0
-    assert "at '/watcher': additional properties 'replicas' not allowed" in refused.stderr
+    assert "/watcher/replicas" in refused.stderr and "maximum" in refused.stderr, refused.stderr
     docs = render("ssh")
     watcher = deployment(docs, "watcher")["spec"]
     assert watcher["replicas"] == 1
-    assert watcher["strategy"] == {"type": "Recreate"}
+    assert watcher["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    two = deployment(render("ssh", "watcher.replicas=2"), "watcher")["spec"]
+    assert two["replicas"] == 2
+    budgets = kinds_of(render("ssh", "watcher.replicas=2"), "PodDisruptionBudget")
+    assert any(b["metadata"]["name"].endswith("-watcher") for b in budgets), budgets
     worker = deployment(docs, "worker")
     assert worker["spec"]["replicas"] >= 1
     grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -444,7 +449,7 @@ def test_two_clusters_get_a_worker_and_one_watcher_each(two_clusters: list[dict[
         watcher = cluster_deployment(docs, "watcher", cluster)
         assert watcher["metadata"]["name"] == f"rel-relaunch-{cluster}-watcher"
         assert watcher["spec"]["replicas"] == 1
-        assert watcher["spec"]["strategy"] == {"type": "Recreate"}
+        assert watcher["spec"]["strategy"]["type"] == "RollingUpdate"
         worker = cluster_deployment(docs, "worker", cluster)
         assert worker["metadata"]["name"] == f"rel-relaunch-{cluster}-worker"
         (container,) = worker["spec"]["template"]["spec"]["containers"]
