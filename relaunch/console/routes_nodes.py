@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relaunch.connectors.audit import NodeReputation, StoredEvent
+from relaunch.connectors.pause import pause_state
 from relaunch.console import kpis
 from relaunch.console.auth import ConsoleRole
 from relaunch.console.lifecycles import LIFECYCLE_KINDS, LifecycleView, lifecycle_views
@@ -165,6 +166,10 @@ async def resume(request: Request) -> Response:
     name = request.path_params["node"]
     wanted = form.get("cluster", "").strip() or cluster_param(request, auth)
     cl = served_cluster(c, auth, _checked_cluster(wanted) if wanted else default_cluster(c, auth))
+    # The kill switch holds for a person's button too: nothing changes a paused cluster.
+    state = await c.db.from_store(lambda store: pause_state(store, cl.name))
+    if state.paused:
+        raise Conflict(f"{state.describe()}: resume {name} after `relaunch unpause`")
     sched = cl.services.scheduler
     if sched is None:
         raise Unavailable("this console has no scheduler connection")

@@ -26,6 +26,7 @@ from starlette.testclient import TestClient
 
 from relaunch.cli import cli
 from relaunch.connectors.audit import AuditStore
+from relaunch.connectors.pause import set_paused
 from relaunch.console.app import ClustersConfigError, create_app
 from relaunch.console.auth import ConsoleRole, TokensFileError, TokenStore, hash_token, write_tokens
 from relaunch.console.live import Broadcaster, stream
@@ -386,6 +387,31 @@ def test_resume_acts_through_the_node_s_cluster_and_only_in_scope(env: Clusters)
     assert env.sched["b"].resumes == ["b-n1"] and env.sched["a"].resumes == []
     rows = env.get("root", "/audit.json?cluster=b&action=resume").json()["rows"]
     assert [(r["incident_id"], r["actor"]) for r in rows] == [(B_PENDING, "bea")]
+
+
+def test_resume_is_refused_while_the_cluster_is_paused(env: Clusters, pg_url: str) -> None:
+    async def pause(paused: bool) -> None:
+        store = await AuditStore.open(pg_url)
+        try:
+            await set_paused(store, "b", paused, by="ops", reason="rack 7 maintenance")
+        finally:
+            await store.close()
+
+    sched = env.sched["b"]
+    sched.resumes.clear()
+    looked = len(sched.calls_to("get_node"))
+    asyncio.run(pause(True))
+    try:
+        r = env.client.post("/nodes/b-n1/resume", data={"cluster": "b"}, headers=env.auth("root"))
+        assert r.status_code == 409, r.text
+        assert "paused" in r.text and "rack 7 maintenance" in r.text
+        assert sched.resumes == [] and len(sched.calls_to("get_node")) == looked
+    finally:
+        asyncio.run(pause(False))
+    # Unpaused: past the kill switch (to the node's own checks; an earlier test of this module's
+    # console resumed it already).
+    r = env.client.post("/nodes/b-n1/resume", data={"cluster": "b"}, headers=env.auth("root"))
+    assert "paused" not in r.text and len(sched.calls_to("get_node")) == looked + 1, r.text
 
 
 # ------------------------------------------------------------------ intake
