@@ -13,6 +13,7 @@ from pathlib import Path
 
 from temporalio import activity
 
+from relaunch.activities.approval_identity import decision_sender
 from relaunch.activities.deps import Deps, typed_errors
 from relaunch.activities.health_evidence import health_evidence
 from relaunch.connectors.audit import StoredEvent
@@ -86,6 +87,10 @@ def _last_progress(events: list[StoredEvent]) -> datetime | None:
         if e.kind == "detection" and e.data.get("source") == "progress" and e.data.get("fault_time")
     ]
     return min(stamps) if stamps else None
+
+
+# The rows of a person's decision, and the decision whose sender Temporal recorded.
+SENDER_KINDS = {"approval": "approve", "rejection": "reject"}
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,15 @@ class EvidenceActivities:
             await self.deps.audit.ensure_incident(
                 inp.incident_id, inp.cluster, inp.job_id, inp.attempt
             )
+        data = inp.data
+        info = activity.info()
+        if inp.kind in SENDER_KINDS and self.deps.temporal is not None and info.workflow_id:
+            # The name in an approval is the sender's say-so: keep who Temporal says sent it.
+            sender = await decision_sender(
+                self.deps.temporal, info.workflow_id, info.workflow_run_id, SENDER_KINDS[inp.kind]
+            )
+            if sender:
+                data = {**data, "temporal_identity": sender["identity"], "via": sender["via"]}
         return await self.deps.audit_row(
             inp.incident_id,
             inp.kind,
@@ -182,7 +196,7 @@ class EvidenceActivities:
             nodes=inp.nodes,
             stage=inp.stage,
             actor=inp.actor,
-            data=inp.data,
+            data=data,
         )
 
     @activity.defn(name="gather_evidence")

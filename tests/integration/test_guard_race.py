@@ -122,6 +122,11 @@ async def test_recoveries_at_once_drain_at_most_the_guards_limit(
         assert (await h.events(incident, "stage"))[-1].stage == "held"
     if mode is Mode.MONITOR:
         await save_history(h, incidents[held[0]], "monitor_refused_at_drain")
+        # "ana" is what the signal said; who sent it is what Temporal recorded, kept beside it.
+        for incident in incidents.values():
+            approvals = await h.events(incident, "approval")
+            assert [(a.actor, a.data.get("via")) for a in approvals] == [("ana", "signal")]
+            assert approvals[0].data["temporal_identity"] == h.client.identity
     # The drains on record are the drains made.
     since = datetime.now(UTC) - timedelta(hours=1)
     assert await h.audit.drained_nodes(h.config.name, since) == drained
