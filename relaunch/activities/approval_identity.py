@@ -1,8 +1,8 @@
 """Who Temporal says sent a decision. An approval names its approver (`Approval.by`), a name the
 sender chose: anyone who reaches the Temporal frontend can signal `approve` with any name. The
 audit row of an approval or rejection also keeps the identity Temporal recorded for the signal or
-update that carried it (the sending client's `identity`, its mTLS or authorizer's subject where
-the site configures one: docs/pause.md's neighbour, docs/production.md "Approvals")."""
+update that carried it (the sending client's `identity`; what makes it trustworthy, mTLS and
+Temporal's authorizer: docs/production.md, "Who may approve")."""
 
 from __future__ import annotations
 
