@@ -175,6 +175,7 @@ async def test_a_watcher_whose_polls_hang_turns_red_within_30_s(
     h, watch, _ = metrics_harness(make_harness, Policy(mode=Mode.MONITOR))
     h.start("watch")
     assert probe_health(f"{watch}/healthz") == (True, "")
+    await good_poll(watch, 60)  # it leads and has polled: the age counts from that poll
     log = h.tmp / "watch.log"
     ctld = ctld_pid(stack.slurm)
     assert ctld
@@ -190,6 +191,19 @@ async def test_a_watcher_whose_polls_hang_turns_red_within_30_s(
     assert failed["logger"] == "relaunch.workers.watcher" and "retryable" in failed
     green = await green_within(f"{watch}/healthz", 60)
     print(f"hung polls: green {green:.1f}s after slurmctld's SIGCONT")
+
+
+async def good_poll(base: str, limit_s: float) -> None:
+    """Wait until the watcher at ``base`` says it has had a good poll."""
+    began = time.monotonic()
+    while time.monotonic() - began < limit_s:
+        samples = (await asyncio.to_thread(scrape, base)).get(
+            "relaunch_watch_last_good_poll_timestamp_seconds", []
+        )
+        if any(value > 0 for _, value in samples):
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the watcher at {base} had no good poll in {limit_s}s")
 
 
 async def poll_failures(log: Path, limit_s: float) -> dict[str, object]:
