@@ -3,11 +3,11 @@ paused (relaunch/models/pause.py says what a pause stops)."""
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
 from relaunch.connectors.audit import AuditStore
 from relaunch.models.errors import RelaunchError
+from relaunch.models.names import person
 from relaunch.models.pause import (
     PAUSE,
     UNPAUSE,
@@ -17,8 +17,6 @@ from relaunch.models.pause import (
 )
 from relaunch.models.recovery import AuditRecord
 
-# Who paused: a person's login or a console token's name (it reaches the audit trail and pages).
-_ACTOR = re.compile(r"[\w][\w .@+-]{0,63}")
 REASON_MAX = 300
 
 
@@ -27,13 +25,7 @@ class BadPauseError(RelaunchError):
 
 
 def _by(by: str) -> str:
-    by = by.strip()
-    if not _ACTOR.fullmatch(by):
-        raise BadPauseError(
-            f"invalid name {by[:80]!r} for who pauses",
-            hint="letters, digits, spaces and . @ + - _ (at most 64)",
-        )
-    return by
+    return person(by, "pauses", BadPauseError)
 
 
 def _reason(reason: str) -> str:

@@ -28,6 +28,7 @@ from relaunch.connectors.audit import SCHEMA_VERSION, schema_version
 from relaunch.connectors.db_setup import connect_database
 from relaunch.models.errors import RelaunchError
 from relaunch.models.intake import intake_incident
+from relaunch.models.names import person
 from relaunch.models.rollout import rollout_incident
 
 # A purge never reaches this close to now: a mistyped date cannot erase the recent trail.
@@ -35,7 +36,6 @@ MIN_AGE = timedelta(days=30)
 BATCH_INCIDENTS = 500  # incidents deleted per transaction
 BATCH_ROWS = 5000  # placeholder rows deleted per transaction
 PARTITION_RE = re.compile(r"audit_events_p(\d{4})(\d{2})")
-MAX_BY = 200
 
 # The incidents wholly older than the date: created before it, no row at or after it. A
 # cluster's kill-switch record (``control-<cluster>``: its latest row is whether the cluster is
@@ -133,10 +133,7 @@ def retention_before(retention_days: int | None, *, now: datetime | None = None)
 
 def check_by(by: str) -> str:
     """``--by``: who purges, as the record names them."""
-    name = by.strip()
-    if not name or len(name) > MAX_BY or not name.isprintable():
-        raise RetentionError(f"--by must name who purges (printable, 1..{MAX_BY} characters)")
-    return name
+    return person(by, "purges", RetentionError)
 
 
 def month_end(partition: str) -> datetime | None:

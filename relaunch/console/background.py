@@ -21,6 +21,13 @@ log = logging.getLogger("relaunch.console")
 PAUSE_POLL_S = 2.0
 
 
+def newer(state: PauseState, known: PauseState | None) -> bool:
+    """Whether ``state`` (read from the trail) is as new as ``known`` (what the console holds)."""
+    if known is None or known.at is None:
+        return True
+    return state.at is not None and state.at >= known.at
+
+
 class Background:
     """Started by the app's lifespan, stopped (and awaited) when it ends. One notifier per
     cluster (``configs``: the primary first), each sending its own cluster's announcements."""
@@ -47,7 +54,12 @@ class Background:
                     return await pause_state(store, name)
 
                 try:
-                    self.pauses[config.name] = await self._db.from_store(query)
+                    state = await self._db.from_store(query)
+                    known = self.pauses.get(config.name)
+                    # A read that began before a pause through the API (which sets the state at
+                    # once) must not put the older state back.
+                    if newer(state, known):
+                        self.pauses[config.name] = state
                 except RelaunchError as exc:
                     log.warning("pause state of %s not read: %s", config.name, exc)
             with contextlib.suppress(TimeoutError):

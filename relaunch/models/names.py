@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from relaunch.models.errors import InvalidNameError
+from relaunch.models.errors import InvalidNameError, RelaunchError
 
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?(?:\+[0-9]{1,4})?")
@@ -67,3 +67,20 @@ def reason(value: object) -> str:
 def comment(value: object) -> str:
     """Return ``value`` if it is a safe job comment."""
     return _check("comment", value, _COMMENT)
+
+
+# Who did something (`--by`, a console user's name): it reaches the audit trail and pages,
+# never a command line.
+_PERSON = re.compile(r"[\w][\w .@+-]{0,63}")
+
+
+def person(by: str, doing: str, error: type[RelaunchError] = InvalidNameError) -> str:
+    """``by`` stripped, checked as a name of who ``doing`` (``"pauses"``): letters, digits
+    and `` .@+-_``, at most 64 characters; ``error`` (saying so) otherwise."""
+    name = by.strip()
+    if not _PERSON.fullmatch(name):
+        raise error(
+            f"invalid name {name[:80]!r} for who {doing}",
+            hint="--by: letters, digits, spaces and . @ + - _ (at most 64)",
+        )
+    return name

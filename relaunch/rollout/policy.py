@@ -9,7 +9,6 @@ at the next plan, with no restart."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -40,20 +39,9 @@ def scope_name(scope: ScopeKind, name: str) -> str:
     return names.partition(name)
 
 
-# Who made a change: a console token's name or a person's login (it reaches the audit trail
-# and pages, never a command line).
-_ACTOR = re.compile(r"[\w][\w .@+-]{0,63}")
-
-
 def actor_name(by: str) -> str:
     """``by``, checked: letters, digits and `` .@+-_``, at most 64 characters."""
-    by = by.strip()
-    if not _ACTOR.fullmatch(by):
-        raise BadScopeError(
-            f"invalid name {by[:80]!r} for who made the change",
-            hint="letters, digits, spaces and . @ + - _ (at most 64)",
-        )
-    return by
+    return names.person(by, "made the change", BadScopeError)
 
 
 _SPAN_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}

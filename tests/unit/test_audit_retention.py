@@ -60,7 +60,7 @@ def test_a_scheduled_purge_uses_the_retention_setting() -> None:
 def test_who_purges_is_named() -> None:
     assert check_by("  ana ") == "ana"
     for bad in ("", "   ", "a\x1b[2J", "x" * 201):
-        with pytest.raises(RetentionError, match="--by"):
+        with pytest.raises(RetentionError, match="who purges"):
             check_by(bad)
 
 
