@@ -216,9 +216,9 @@ def main() -> int:
     print(f"  Temporal UI: {stack.temporal_ui}")
     print(
         "  (the failed node is now its lifecycle's: `relaunch nodes` shows its stage; in monitor "
-        "mode it waits for\n   `relaunch approve <its lifecycle, named above> --by you` to "
-        "reboot it (restart its slurmd), checks it,\n   and asks again before returning it: "
-        "docs/lifecycle.md)"
+        "mode it asks first:\n   `relaunch approve <its lifecycle, named above> --by you` to "
+        "reserve it and run its checks,\n   again to reboot it (restart its slurmd), and again "
+        "before returning it: docs/lifecycle.md)"
     )
     print("Stop everything: .venv/bin/relaunch dev down   (or: make down)")
     return 0
