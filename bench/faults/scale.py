@@ -27,6 +27,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import signal
 import subprocess
@@ -836,9 +837,13 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
     jobs_json = [await timed(sched.list_jobs) for _ in range(polls)]
     nodes = [await timed(sched.list_nodes) for _ in range(polls)]
     real = Sampler(bs.procs["watch"].pid)
+    rpcs_before, began = sdiag_rpcs(bs), time.monotonic()
     real.start()
     await asyncio.sleep(20)
     real_cpu = await real.stop()
+    window_s = time.monotonic() - began
+    rpcs = rpc_rates(rpcs_before, sdiag_rpcs(bs), window_s)
+    log(f"scale: slurmctld served {rpcs['total']:.2f} RPC/s with the watcher: {rpcs['by_type']}")
     return {
         "held_jobs": n,
         "records": records,
@@ -853,7 +858,51 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
         "squeue_json_cpu_ms_p50": pct([p[1] for p in jobs_json], 50) * 1000,
         "sinfo_ms_p50": pct([p[0] for p in nodes], 50) * 1000,
         "watch_process": real_cpu,
+        # slurmctld's RPCs per second in the same window (`sdiag`, before and after): the
+        # watcher's listings, the stack's other processes (idle) and the nodes' registrations.
+        "slurmctld_rpcs_per_s": rpcs["total"],
+        "slurmctld_rpcs_by_type": rpcs["by_type"],
         "polls": polls,
+    }
+
+
+def sdiag_rpcs(bs: BenchStack) -> dict[str, int]:
+    """slurmctld's RPC counts by message type since it started (`sdiag`)."""
+    out = subprocess.run(
+        ["sdiag"],
+        env={**os.environ, **bs.s.slurm_env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return parse_sdiag_rpcs(out)
+
+
+_RPC_LINE = re.compile(r"^\s+([A-Z_0-9]+)\s+\(\s*\d+\)\s+count:(\d+)")
+
+
+def parse_sdiag_rpcs(text: str) -> dict[str, int]:
+    """The counts of sdiag's "Remote Procedure Call statistics by message type" section."""
+    counts: dict[str, int] = {}
+    section = False
+    for line in text.splitlines():
+        if line.startswith("Remote Procedure Call statistics"):
+            section = "by message type" in line
+            continue
+        found = _RPC_LINE.match(line) if section else None
+        if found:
+            counts[found.group(1)] = int(found.group(2))
+    return counts
+
+
+def rpc_rates(before: dict[str, int], after: dict[str, int], window_s: float) -> dict[str, Any]:
+    """RPCs per second over the window: in total and by message type (those that moved)."""
+    moved = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+    span = max(window_s, 1e-9)
+    return {
+        "total": round(sum(moved.values()) / span, 3),
+        "by_type": {k: round(v / span, 3) for k, v in sorted(moved.items())},
     }
 
 
