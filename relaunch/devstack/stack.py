@@ -26,7 +26,7 @@ from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.console.auth import ConsoleRole, write_tokens
 from relaunch.devstack import accounting, procs, services
 from relaunch.devstack.clusters import CLUSTER_SERVICES, ClusterHome, MoreCluster, free_port_block
-from relaunch.devstack.faults import GPU_FAULT_MARKER
+from relaunch.devstack.faults import GPU_FAULT_MARKER, reboot_node
 from relaunch.devstack.slurm import (
     SlurmLayout,
     ctld_pid,
@@ -52,6 +52,10 @@ from relaunch.models.config import ClusterConfig, ConsoleSettings, MetricsSettin
 from relaunch.models.errors import RelaunchError, StackError
 from relaunch.models.lifecycle import HealthCheck, LifecycleSettings
 from relaunch.models.scheduler import NodeState
+
+# How long `up` waits for the nodes to register: first, then after starting silent slurmds again.
+NODES_FIRST_WAIT_S = 20.0
+NODES_WAIT_S = 60.0
 
 DATABASE_URL_ENV = "RELAUNCH_DATABASE_URL"
 SERVICES = (*CLUSTER_SERVICES, "console")
@@ -283,13 +287,7 @@ class Stack:
             self._slurm_up(home, progress)
         for home in self.clusters:
             progress(f"waiting for the nodes{self._of(home)} to register")
-            procs.wait_for(
-                functools.partial(self._nodes_ready, home),
-                60,
-                f"Slurm nodes{self._of(home)}",
-                interval=0.5,
-                hint=f"see {home.slurm.root / 'log'}",
-            )
+            self._wait_nodes(home, progress)
         self._wait_database()
         progress("migrating the audit database (as `relaunch db migrate`)")
         migrate_now(self.database_url)  # the processes only check the schema's version
@@ -516,6 +514,33 @@ class Stack:
         with open(log, "rb") as fh:
             fh.seek(offset)
             return SERVICE_READY[name].encode() in fh.read()
+
+    def _wait_nodes(self, home: ClusterHome, progress: Callable[[str], None]) -> None:
+        """Until every node of ``home`` answers. slurmctld may ping a slurmd before it can
+        answer, and then waits SlurmdTimeout/3 to ask again: a node still silent after
+        NODES_FIRST_WAIT_S gets its slurmd started afresh (it registers at once), once."""
+        ready = functools.partial(self._nodes_ready, home)
+        hint = f"see {home.slurm.root / 'log'}"
+        with contextlib.suppress(StackError):
+            procs.wait_for(ready, NODES_FIRST_WAIT_S, f"Slurm nodes{self._of(home)}", 0.5, hint)
+            return
+        for node in self._silent_nodes(home):
+            progress(f"node {node}{self._of(home)} has not registered: starting its slurmd again")
+            reboot_node(home.slurm, node)
+        procs.wait_for(ready, NODES_WAIT_S, f"Slurm nodes{self._of(home)}", 0.5, hint)
+
+    def _silent_nodes(self, home: ClusterHome) -> list[str]:
+        """The nodes slurmctld does not hear from (all of them when it does not answer)."""
+        try:
+            nodes = asyncio.run(self.scheduler(home.name).list_nodes())
+        except RelaunchError:
+            return list(home.slurm.nodes)
+        fine = {
+            n.name
+            for n in nodes
+            if n.state is not NodeState.UNKNOWN and n.state is not NodeState.DOWN and n.responding
+        }
+        return [n for n in home.slurm.nodes if n not in fine]
 
     def _nodes_ready(self, home: ClusterHome) -> bool:
         try:
