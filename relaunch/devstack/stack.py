@@ -543,14 +543,7 @@ class Stack:
         return [n for n in home.slurm.nodes if n not in fine]
 
     def _nodes_ready(self, home: ClusterHome) -> bool:
-        try:
-            nodes = asyncio.run(self.scheduler(home.name).list_nodes())
-        except RelaunchError:
-            return False
-        return len(nodes) == len(home.slurm.nodes) and all(
-            n.state is not NodeState.UNKNOWN and n.state is not NodeState.DOWN and n.responding
-            for n in nodes
-        )
+        return not self._silent_nodes(home)
 
     def _wait_database(self) -> None:
         procs.wait_for(self.database_ok, 30, f"PostgreSQL at {self.redacted_db()}")
