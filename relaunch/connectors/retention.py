@@ -64,6 +64,16 @@ _MONTH_BLOCKED = """
 """
 
 
+# Delete the audit rows ``which`` selects (a fixed SQL condition of this module, never input)
+# with their dedupe keys; the count deleted.
+_DELETE_ROWS = (
+    "with gone as (delete from audit_events where {which} returning dedupe_key),"
+    " keys as (delete from audit_dedupe d using gone"
+    "  where d.dedupe_key = gone.dedupe_key returning 1)"
+    " select count(*) from gone"
+)
+
+
 class RetentionError(RelaunchError):
     """A purge or a maintenance step cannot run; a person must act."""
 
@@ -301,12 +311,10 @@ async def _delete_placeholder_rows(
         async with conn.transaction():
             await conn.execute("select set_config('relaunch.purge', 'on', true)")
             cur = await conn.execute(
-                "with gone as (delete from audit_events where (id, at) in"
-                " (select id, at from audit_events where incident_id = any(%(ids)s)"
-                "  and at < %(before)s limit %(limit)s) returning dedupe_key),"
-                " keys as (delete from audit_dedupe d using gone"
-                "  where d.dedupe_key = gone.dedupe_key returning 1)"
-                " select count(*) from gone",
+                _DELETE_ROWS.format(
+                    which="(id, at) in (select id, at from audit_events"
+                    " where incident_id = any(%(ids)s) and at < %(before)s limit %(limit)s)"
+                ),
                 {"ids": placeholders, "before": before, "limit": BATCH_ROWS},
             )
             row = await cur.fetchone()
@@ -325,11 +333,7 @@ async def _delete_incidents(
     async with conn.transaction():
         await conn.execute("select set_config('relaunch.purge', 'on', true)")
         cur = await conn.execute(
-            "with gone as (delete from audit_events where incident_id = any(%(ids)s)"
-            "  and at < %(before)s returning dedupe_key),"
-            " keys as (delete from audit_dedupe d using gone"
-            "  where d.dedupe_key = gone.dedupe_key returning 1)"
-            " select count(*) from gone",
+            _DELETE_ROWS.format(which="incident_id = any(%(ids)s) and at < %(before)s"),
             {"ids": ids, "before": before},
         )
         row = await cur.fetchone()
