@@ -38,6 +38,7 @@ from relaunch.models.recovery import (
     VerifyCheck,
     VerifyInput,
     drain_reason,
+    drained_by,
 )
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node
 
@@ -217,7 +218,8 @@ class ActionActivities:
         for node in plan.drain_nodes:
             beat(f"drain {node}")
             result = await sched.drain_node(node, reason)
-            if not result.changed and result.note.endswith(reason):
+            _, _, earlier = result.note.partition("already draining/drained: ")
+            if not result.changed and drained_by(earlier, inp.incident_id):
                 # Drained by this incident in an attempt that died before recording it (a
                 # worker killed mid-activity): the audit, and the blast-radius guard that reads
                 # it, must still count this drain as this incident's.

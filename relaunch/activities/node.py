@@ -51,6 +51,7 @@ from relaunch.models.recovery import (
     Policy,
     RecordEventInput,
     Stage,
+    drained_by,
 )
 from relaunch.models.scheduler import ActionResult, JobState, Node, NodeFlag, NodeState
 
@@ -195,11 +196,14 @@ class NodeActivities:
         check = drain_check(
             policy, nodes, drained, [inp.node], partition=conviction.partition, since=since
         )
-        out = node is not None and node.drain_flag
+        # Out of service already, unless by this decision's own drain: a retry after a worker
+        # died between the drain and the lifecycle's start drains again (a no-op) and so
+        # still hands the node to its lifecycle.
+        out = node is not None and node.drain_flag and not drained_by(node.reason, inp.decision_id)
         reasons = [conviction.reason[:500]]
         guards: list[GuardDecision] = []
         needs_override = False
-        if node is not None and node.drain_flag:
+        if out and node is not None:
             reasons.append(f"{inp.node} is already out of service ({node.display_state})")
         else:
             guards.append(check.decision)

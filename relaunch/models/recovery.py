@@ -154,6 +154,13 @@ def drain_reason(incident_id: str) -> str:
     return f"{DRAIN_REASON_PREFIX}{incident_id}"
 
 
+def drained_by(reason: str, incident_id: str) -> bool:
+    """Whether a node's Slurm reason is this incident's own drain or fence (an earlier attempt
+    of a step that died before it recorded what it did)."""
+    own = drain_reason(incident_id)
+    return reason == own or reason.startswith(own + " ")
+
+
 def task_queue(cluster: str) -> str:
     return f"relaunch-{cluster}"
 

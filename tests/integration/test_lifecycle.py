@@ -45,6 +45,7 @@ from relaunch.models.lifecycle import (
     lifecycle_id,
     reservation_name,
 )
+from relaunch.models.node_decision import node_decision_id
 from relaunch.models.recovery import AutoAction, Mode, Policy
 from tests.conftest import sbatch
 from tests.integration.conftest import MakeHarness
@@ -176,12 +177,18 @@ async def _scenarios(
             if last is not None and last.stage in stages:
                 return last
             await asyncio.sleep(0.5)
-        raise AssertionError(f"{lid} not in {stages} after {timeout}s: {last}\n{scene()}")
+        raise AssertionError(f"{lid} not in {stages} after {timeout}s: {last}\n{await scene()}")
 
-    def scene() -> str:
-        """What a person would look at: the cluster's nodes, jobs and reservations, and the
-        worker's last words."""
+    async def scene() -> str:
+        """What a person would look at: the cluster's nodes, jobs and reservations, the node
+        decisions' trails, and the worker's last words."""
         shown = []
+        for node in ("n1", "n2"):
+            trail = await audit.events(node_decision_id(name, node, 1))
+            shown.append(
+                f"$ relaunch show {node_decision_id(name, node, 1)}\n"
+                + "".join(f"{e.at:%H:%M:%S} {e.kind}: {e.summary[:160]}\n" for e in trail)
+            )
         for argv in (
             ["sinfo", "-N", "-h", "-o", "%N %T %E"],
             ["squeue", "-h", "-t", "all", "-o", "%i %T %N %j %r"],

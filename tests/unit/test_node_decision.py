@@ -50,6 +50,7 @@ from relaunch.models.node_decision import (
     node_task_queue,
 )
 from relaunch.models.recovery import (
+    ActInput,
     Action,
     ActionPlan,
     Approval,
@@ -904,13 +905,54 @@ async def test_a_requeue_ahead_spares_cancelled_jobs_and_spent_budgets() -> None
         requeue_ahead=True,
     )
     node = NodeActivities(deps)
-    for attempt in range(2):  # the step, and a retry of it (which finds n3 out already)
+    for _ in range(2):  # the step, and a retry of it (which finds n3 out by its own drain)
         plan = await ActivityEnvironment().run(node.plan_node, plan_input)
-        assert plan.isolated is not None and plan.isolated.ok and plan.fence == (attempt == 0)
+        assert plan.isolated is not None and plan.isolated.ok and plan.fence
         assert [a.job_id for a in plan.ahead] == ["31"]
-    assert sched.requeues == ["31"]
+    assert sched.requeues == ["31"] and sched.drains == ["n3"] and sched.fences == ["n3"]
     [row] = audit.of("relaunch-dev-node-n3-1", "requeue_batch")
     assert "1 of 3 jobs requeued" in row.summary and sorted(row.data["left"]) == ["32", "33"]
+
+
+async def test_a_plan_retried_after_its_worker_died_still_hands_the_node_to_its_lifecycle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker died between the drain and the lifecycle's start: the retry finds the node
+    out of service by this decision's own drain, drains again (a no-op) and starts the
+    lifecycle, instead of taking the node for someone else's and leaving it drained for good.
+    A node someone else drained is still not this decision's to isolate."""
+    handed: list[list[str]] = []
+
+    async def start_lifecycles(self: ActionActivities, inp: ActInput) -> None:
+        if not handed:
+            handed.append([])
+            raise RuntimeError("the worker died here")
+        handed.append([*inp.plan.drain_nodes, *inp.plan.fence_nodes])
+
+    monkeypatch.setattr(ActionActivities, "_start_lifecycles", start_lifecycles)
+    sched = FakeScheduler(
+        nodes=[Node(name="n4", state=NodeState.IDLE, address="127.0.0.1", port=_closed_port())]
+    )
+    audit = Audit()
+    config = ClusterConfig(name="dev", database_url="postgresql://unused", bundle_dir="/tmp")
+    node = NodeActivities(Deps(config=config, scheduler=sched, audit=cast(AuditStore, audit)))
+    plan_input = NodePlanInput(
+        decision_id="relaunch-dev-node-n4-1",
+        cluster="dev",
+        node="n4",
+        report=_report("n4", 0),
+        policy=Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0),
+        isolate=True,
+    )
+    with pytest.raises(RuntimeError):
+        await ActivityEnvironment().run(node.plan_node, plan_input)
+    plan = await ActivityEnvironment().run(node.plan_node, plan_input)
+    assert plan.drain and plan.isolated is not None and plan.isolated.ok
+    assert handed == [[], ["n4", "n4"]] and sched.drains == sched.fences == ["n4"]
+    # Drained by another decision (or a person): out already, nothing for this one to isolate.
+    other = plan_input.model_copy(update={"decision_id": "relaunch-dev-node-n4-2"})
+    plan = await ActivityEnvironment().run(node.plan_node, other)
+    assert not plan.drain and len(handed) == 2
 
 
 def _verdict(category: Category, corroboration: dict[str, list[str]]) -> Verdict:
