@@ -184,10 +184,14 @@ async def bench(args: argparse.Namespace) -> None:
             await sc.up()
             audit = await AuditStore.open(sc.s.database_url)
             try:
+                # The queue grows to held_n, the watcher's cost measured at each size; then
+                # the burst with the queue that large, and the cost again with its jobs running.
+                curve = await scale.cost_curve(sc, held_n)
                 burst = await scale.burst(sc, audit, burst_n, 240 if args.quick else 600)
                 shown = {k: v for k, v in burst.items() if "samples" not in k}
                 log(f"burst: {json.dumps(shown)}")
-                cost = await scale.watcher_cost(sc, held_n, 10)
+                cost = await scale.watcher_cost(sc, held_n, 10, curve[-1]["submit_s"])
+                cost["curve"] = curve
                 log(f"watcher cost: {json.dumps(cost)}")
             except RelaunchError as exc:
                 notes.append(f"Scale part failed: {exc}")
@@ -266,13 +270,14 @@ async def one_burst(
         await sc.up()
         audit = await AuditStore.open(sc.s.database_url)
         try:
+            submit_s = await scale.submit_held(sc, held) if held else 0.0
             out["burst"] = await scale.burst(
                 sc, audit, args.burst, 600, variant=variant, kill_after=args.kill_after
             )
             shown = {k: v for k, v in out["burst"].items() if "samples" not in k}
             log(f"burst: {json.dumps(shown, default=str)}")
             if held:
-                out["cost"] = await scale.watcher_cost(sc, held, 10)
+                out["cost"] = await scale.watcher_cost(sc, held, 10, submit_s)
                 log(f"watcher cost: {json.dumps(out['cost'])}")
         finally:
             await audit.close()

@@ -677,10 +677,32 @@ def write(
             )
         L += [
             f"| `sinfo --json` (list_nodes) p50 | {cost['sinfo_ms_p50']:.0f} ms |",
-            f"| the running `relaunch watch` process over 20 s | mean {wp['cpu_pct_mean']:.0f} % "
-            f"of a core (incl. squeue), RSS {wp['rss_mib_max']:.0f} MiB |",
-            "",
+            f"| the running `relaunch watch` process over {cost.get('window_s', 20):.0f} s | "
+            f"mean {wp['cpu_pct_mean']:.1f} % of a core (incl. squeue), "
+            f"RSS {wp['rss_mib_max']:.0f} MiB |",
         ]
+        if "slurmctld_rpcs_per_s" in cost:
+            by_type = ", ".join(f"{k} {v:g}" for k, v in cost["slurmctld_rpcs_by_type"].items())
+            L.append(
+                f"| slurmctld RPCs/s in the same window (`sdiag`) | "
+                f"{cost['slurmctld_rpcs_per_s']:.2f} ({by_type}) |"
+            )
+        L.append("")
+        if cost.get("curve"):
+            L += [
+                "How the cost grows with the queue (held jobs only, before the burst; the "
+                "watcher's own cadence: docs/scale.md):",
+                "",
+                "| held jobs | squeue p50 | watcher CPU (mean) | slurmctld RPC/s |",
+                "|---|---|---|---|",
+            ]
+            for point in cost["curve"]:
+                L.append(
+                    f"| {point['held_jobs']} | {point['squeue_ms_p50']:.0f} ms | "
+                    f"{point['watch_process']['cpu_pct_mean']:.1f} % | "
+                    f"{point.get('slurmctld_rpcs_per_s', float('nan')):.2f} |"
+                )
+            L.append("")
     # Targets.
     L += ["## Targets", "", "| target | result | met? |", "|---|---|---|"]
     det_ok = s["det_p50"] <= 5 and s["det_p95"] <= 15

@@ -789,10 +789,9 @@ def trust_report(
     }
 
 
-async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
-    """``n`` held, opted-in jobs in the queue; time Watcher.poll_once and its two reads, and
-    the real watcher process's CPU while it polls every second."""
-    sched = bs.sched()
+async def submit_held(bs: BenchStack, n: int) -> float:
+    """``n`` held, opted-in jobs in the queue (before the burst, so that its faults are
+    detected and acted on with the queue that large); the seconds it took."""
     t0 = time.monotonic()
     await submit_many(
         bs,
@@ -807,7 +806,31 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
         ],
         parallel=16,
     )
-    submit_s = time.monotonic() - t0
+    return time.monotonic() - t0
+
+
+CURVE_SIZES = (1_000, 10_000, 50_000)
+COST_WINDOW_S = 60.0
+
+
+async def cost_curve(bs: BenchStack, held: int) -> list[dict[str, Any]]:
+    """The queue grown to each size of CURVE_SIZES up to ``held`` (and ``held`` itself), the
+    watcher's cost at each: what grows with the queue (the listings), nothing running yet."""
+    sizes = sorted({n for n in CURVE_SIZES if n < held} | {held})
+    have, curve = 0, []
+    for size in sizes:
+        submit_s = await submit_held(bs, size - have)
+        have = size
+        point = await watcher_cost(bs, size, 3, submit_s)
+        log(f"cost at {size} held jobs: {json.dumps(point)}")
+        curve.append(point)
+    return curve
+
+
+async def watcher_cost(bs: BenchStack, n: int, polls: int, submit_s: float) -> dict[str, Any]:
+    """With ``n`` held, opted-in jobs in the queue: time Watcher.poll_once and its two reads,
+    and the real watcher process's CPU and slurmctld's RPCs while it watches."""
+    sched = bs.sched()
     records = len(await sched.list_jobs())
     log(f"scale: {n} held jobs submitted in {submit_s:.0f}s; squeue holds {records} records")
 
@@ -839,7 +862,9 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
     real = Sampler(bs.procs["watch"].pid)
     rpcs_before, began = sdiag_rpcs(bs), time.monotonic()
     real.start()
-    await asyncio.sleep(20)
+    # Long enough for a few of the watcher's job listings (every 14 s at 10,000 jobs, at least
+    # every 30 s: relaunch/workers/watch_cadence.py), so the mean is not one listing's luck.
+    await asyncio.sleep(COST_WINDOW_S)
     real_cpu = await real.stop()
     window_s = time.monotonic() - began
     rpcs = rpc_rates(rpcs_before, sdiag_rpcs(bs), window_s)
@@ -862,6 +887,7 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int) -> dict[str, Any]:
         # watcher's listings, the stack's other processes (idle) and the nodes' registrations.
         "slurmctld_rpcs_per_s": rpcs["total"],
         "slurmctld_rpcs_by_type": rpcs["by_type"],
+        "window_s": window_s,
         "polls": polls,
     }
 

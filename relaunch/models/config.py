@@ -55,9 +55,44 @@ class WatchSettings(BaseModel):
 
     partitions: list[str] = Field(default_factory=list, description="watch every job here")
     opt_in_comment: bool = True
-    poll_interval_s: float = Field(default=1.0, gt=0, le=2.0)
+    poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="the shortest time between two listings of the jobs (or of the nodes); "
+        "how often they come follows their cost and what happens (docs/scale.md)",
+    )
     log_interval_s: float = Field(
         default=0.25, gt=0, le=2.0, description="how often watched logs are read between polls"
+    )
+    listing_share: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="while nothing happens, at most this share of the time goes to listing "
+        "jobs: a listing that takes 0.7 s (10,000 jobs) runs every 14 s (docs/scale.md)",
+    )
+    listing_share_busy: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="the same share for busy_s after a detection, while recoveries run",
+    )
+    reconcile_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=300,
+        description="a full job listing at least this often, however long it takes",
+    )
+    node_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="how often the nodes are listed while watched jobs run and nothing happens "
+        "(poll_interval_s while busy or while a recovery waits to see its node drained)",
+    )
+    busy_s: float = Field(
+        default=60.0, ge=0, le=3600, description="how long a detection keeps the watcher busy"
     )
     hang_threshold_s: float = Field(default=45.0, ge=5, le=7 * 86400, description=HANG_FLOOR_WHY)
     lag_floor_s: float = Field(default=5.0, ge=1, le=7 * 86400, description=LAG_FLOOR_WHY)
@@ -117,6 +152,22 @@ class WatchSettings(BaseModel):
         description="where the watcher keeps the time of its last good poll, so that a "
         "restarted watcher catches up from there (without it: catch_up_window_s back)",
     )
+
+    @model_validator(mode="after")
+    def _paces_agree(self) -> WatchSettings:
+        if self.poll_interval_s > self.reconcile_s:
+            raise ValueError(
+                f"watch.poll_interval_s ({self.poll_interval_s:g}) is above watch.reconcile_s "
+                f"({self.reconcile_s:g}): the shortest interval between listings cannot be "
+                "longer than the longest"
+            )
+        if self.reconcile_s >= self.catch_up_gap_s:
+            raise ValueError(
+                f"watch.reconcile_s ({self.reconcile_s:g}) must be below watch.catch_up_gap_s "
+                f"({self.catch_up_gap_s:g}): a gap between two listings would be caught up "
+                "from accounting each time"
+            )
+        return self
 
 
 class ConfigPolicy(Policy):

@@ -53,7 +53,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The loop's heartbeat: a beat a second; no beat for this long and the process is red.
 BEAT_S = 1.0
 LOOP_STALE_S = 10.0
-# The watcher is red once its last good poll is older than max(this, POLLS_STALE x interval).
+# The watcher is red once its last good poll is older than max(this, POLLS_STALE x interval,
+# twice the longest interval between job listings: relaunch/workers/watch_cadence.py).
 POLL_STALE_FLOOR_S = 20.0
 POLLS_STALE = 5
 POLL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -104,9 +105,9 @@ async def heartbeat(health: Health, interval_s: float = BEAT_S) -> None:
         await asyncio.sleep(interval_s)
 
 
-def poll_stale_s(poll_interval_s: float) -> float:
+def poll_stale_s(poll_interval_s: float, reconcile_s: float = 0.0) -> float:
     """How old the watcher's last good poll may be before it is red."""
-    return max(POLL_STALE_FLOOR_S, POLLS_STALE * poll_interval_s)
+    return max(POLL_STALE_FLOOR_S, POLLS_STALE * poll_interval_s, 2 * reconcile_s)
 
 
 # ---------------------------------------------------------------------- the watcher
@@ -188,6 +189,7 @@ class WatchMetrics:
             r.register(_ProbeCollector(cluster, probe_counts))
         self.last_good_poll: float | None = None  # monotonic
         self.poll_interval_s = 1.0
+        self.reconcile_s = 0.0  # the longest interval between two job listings
         self.standby = False  # a watcher that does not act (yet): healthy while its loop runs
         self.leading_since: float | None = None  # monotonic: when its term as leader began
 
@@ -218,7 +220,7 @@ class WatchMetrics:
         def stale(now: float) -> str | None:
             if self.standby:
                 return None
-            limit = poll_stale_s(self.poll_interval_s)
+            limit = poll_stale_s(self.poll_interval_s, self.reconcile_s)
             last = self.last_good_poll
             # From the last good poll, or from when this process (or its term as the leader,
             # under the lease) began watching, whichever is later.

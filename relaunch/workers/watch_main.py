@@ -64,6 +64,11 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         partitions=config.watch.partitions,
         opt_in_comment=config.watch.opt_in_comment,
         poll_interval_s=config.watch.poll_interval_s,
+        listing_share=config.watch.listing_share,
+        listing_share_busy=config.watch.listing_share_busy,
+        reconcile_s=config.watch.reconcile_s,
+        node_interval_s=config.watch.node_interval_s,
+        busy_s=config.watch.busy_s,
         log_interval_s=config.watch.log_interval_s,
         hang_threshold_s=config.watch.hang_threshold_s,
         lag_floor_s=config.watch.lag_floor_s,
@@ -135,6 +140,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     terms: list[Watcher] = []
     metrics = WatchMetrics(config.name, lambda: terms[-1].probe_counts() if terms else (0, 0, 0))
     metrics.poll_interval_s = config.watch.poll_interval_s
+    metrics.reconcile_s = config.watch.reconcile_s
     metrics.standby = True
 
     def lease_alive(now: float) -> str | None:
@@ -156,7 +162,16 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
             catch_up=catch_up(config, scheduler, LeaderSink(caught_up, lease)),
             metrics=metrics,
         )
-        log.info("watching cluster %s every %.1fs", config.name, config.watch.poll_interval_s)
+        w = config.watch
+        log.info(
+            "watching cluster %s: jobs listed every %g-%gs (at most %g%% of the time), "
+            "logs read every %gs",
+            config.name,
+            w.poll_interval_s,
+            w.reconcile_s,
+            w.listing_share * 100,
+            w.log_interval_s,
+        )
         terms.append(watcher)
         metrics.leading_since, metrics.standby = time.monotonic(), False
         try:

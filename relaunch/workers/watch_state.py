@@ -24,7 +24,8 @@ logger = logging.getLogger("relaunch.workers.watcher")
 class WatchStats:
     """Counters for metrics and `relaunch dev status`."""
 
-    polls: int = 0
+    polls: int = 0  # job listings (each with its nodes)
+    node_polls: int = 0  # node listings between job listings (watch_cadence.py)
     last_poll_s: float = 0.0
     watched_jobs: int = 0
     detections: int = 0

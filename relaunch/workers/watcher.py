@@ -81,6 +81,7 @@ from relaunch.models.scheduler import (
     watched,
 )
 from relaunch.workers.process_metrics import WatchMetrics
+from relaunch.workers.watch_cadence import Cadence, CadenceSettings
 from relaunch.workers.watch_catchup import CatchUp
 from relaunch.workers.watch_drains import DrainRecorder, ExternalDrains
 from relaunch.workers.watch_handover import (
@@ -119,7 +120,36 @@ class WatchConfig(BaseModel):
     cluster: str = Field(min_length=1)
     partitions: list[str] = Field(default_factory=list, description="watched wholesale")
     opt_in_comment: bool = Field(default=True, description="watch jobs with relaunch=on")
-    poll_interval_s: float = Field(default=1.0, gt=0, le=2.0)
+    poll_interval_s: float = Field(default=1.0, gt=0, le=60)
+    listing_share: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="while nothing happens, at most this share of the time goes to listing "
+        "jobs: a listing that takes 0.7 s (10,000 jobs) runs every 14 s (docs/scale.md)",
+    )
+    listing_share_busy: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="the same share for busy_s after a detection, while recoveries run",
+    )
+    reconcile_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=300,
+        description="a full job listing at least this often, however long it takes",
+    )
+    node_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="how often the nodes are listed while watched jobs run and nothing happens "
+        "(poll_interval_s while busy or while a recovery waits to see its node drained)",
+    )
+    busy_s: float = Field(
+        default=60.0, ge=0, le=3600, description="how long a detection keeps the watcher busy"
+    )
     log_interval_s: float = Field(
         default=0.25, gt=0, description="between polls, how often watched jobs' logs are read"
     )
@@ -190,6 +220,17 @@ class Watcher:
         # A process that leads by turns (the lease) keeps one set across its watchers.
         self.metrics = metrics or WatchMetrics(config.cluster, self.probe_counts)
         self.metrics.poll_interval_s = config.poll_interval_s
+        self.metrics.reconcile_s = config.reconcile_s
+        self.cadence = Cadence(
+            CadenceSettings(
+                poll_interval_s=config.poll_interval_s,
+                listing_share=config.listing_share,
+                listing_share_busy=config.listing_share_busy,
+                reconcile_s=max(config.reconcile_s, config.poll_interval_s),
+                node_interval_s=config.node_interval_s,
+                busy_s=config.busy_s,
+            )
+        )
         self._scheduler = scheduler
         self._on_detection = on_detection
         self._on_follow_ups = on_follow_ups
@@ -224,34 +265,14 @@ class Watcher:
         )
 
     async def poll_once(self, now: datetime | None = None) -> list[Detection]:
-        """One look at the cluster. An injected ``now`` also drives the progress clock."""
+        """One look at the cluster: the jobs, their nodes, and a pass over the watched jobs.
+        An injected ``now`` also drives the progress clock."""
         started = time.monotonic()
-        if now is None:
-            wall, clock = datetime.now(UTC), time.monotonic()
-        else:
-            wall = now if now.tzinfo else now.replace(tzinfo=UTC)
-            clock = wall.timestamp()
         listing = await self._scheduler.list_jobs()
-        polled_at = wall
+        self.cadence.jobs_listed(started, time.monotonic() - started)
         jobs = [job for job in listing if self.watches(job)]
-        nodes: dict[str, Node] = {}
-        # The nodes while a job runs, or while a recovery waits to see its node drained (its
-        # job requeued ahead by the node's decision may run nowhere meanwhile).
-        if self._reports.deferring(started) or any(job.state is JobState.RUNNING for job in jobs):
-            nodes = {node.name: node for node in await self._scheduler.list_nodes()}
-            self._reports.nodes_seen({name for name, node in nodes.items() if node.drain_flag})
-            self._drains.observe(jobs, nodes, wall, time.monotonic())
-        found: list[Detection] = []
-        async with self._pass_lock:
-            self._pass += 1
-            self._liveness.update(jobs, nodes, wall)
-            self._read_nodes()
-            slice_end = await self._between_jobs(time.monotonic() + PASS_SLICE_S)
-            for job in jobs:
-                if now is None:  # per job, as in read_logs_once
-                    wall, clock = datetime.now(UTC), time.monotonic()
-                found.extend(self._check_job(job, nodes, wall, clock))
-                slice_end = await self._between_jobs(slice_end)
+        polled_at = now or datetime.now(UTC)
+        found = await self._pass_over(jobs, started, now)
         for gone in set(self._jobs) - {job.job_id for job in jobs}:
             del self._jobs[gone]
         in_use = {node for watch in self._jobs.values() for node in watch.job.nodes}
@@ -266,6 +287,50 @@ class Watcher:
         self._slow_pass("poll", self.stats.last_poll_s)
         if self._catch_up is not None:
             self._catch_up.after_poll(polled_at, {j.job_id for j in listing}, time.monotonic())
+        return found
+
+    async def poll_nodes(self) -> list[Detection]:
+        """Between two job listings (relaunch/workers/watch_cadence.py): the nodes again, and
+        a pass over the jobs of the last listing with their fresh states (a node down, a
+        drain someone made, a node a recovery waits to see drained)."""
+        started = time.monotonic()
+        found = await self._pass_over([w.job for w in self._jobs.values()], started, None)
+        self.stats.node_polls += 1
+        self.stats.detections += len(found)
+        self.metrics.detected(found)
+        return found
+
+    def _nodes_wanted(self, jobs: list[Job], now: float) -> bool:
+        """The nodes while a job runs, or while a recovery waits to see its node drained (its
+        job requeued ahead by the node's decision may run nowhere meanwhile)."""
+        return self._reports.deferring(now) or any(job.state is JobState.RUNNING for job in jobs)
+
+    async def _pass_over(
+        self, jobs: list[Job], started: float, now: datetime | None
+    ) -> list[Detection]:
+        """The nodes (when wanted), then one pass over ``jobs``: what each shows that is new."""
+        if now is None:
+            wall, clock = datetime.now(UTC), time.monotonic()
+        else:
+            wall = now if now.tzinfo else now.replace(tzinfo=UTC)
+            clock = wall.timestamp()
+        nodes: dict[str, Node] = {}
+        if self._nodes_wanted(jobs, started):
+            nodes = {node.name: node for node in await self._scheduler.list_nodes()}
+            self.cadence.nodes_listed(started)
+            self._reports.nodes_seen({name for name, node in nodes.items() if node.drain_flag})
+            self._drains.observe(jobs, nodes, wall, time.monotonic())
+        found: list[Detection] = []
+        async with self._pass_lock:
+            self._pass += 1
+            self._liveness.update(jobs, nodes, wall)
+            self._read_nodes()
+            slice_end = await self._between_jobs(time.monotonic() + PASS_SLICE_S)
+            for job in jobs:
+                if now is None:  # per job, as in read_logs_once
+                    wall, clock = datetime.now(UTC), time.monotonic()
+                found.extend(self._check_job(job, nodes, wall, clock))
+                slice_end = await self._between_jobs(slice_end)
         return found
 
     async def _send_reports(self) -> None:
@@ -354,13 +419,12 @@ class Watcher:
         # only read the monitor's state.
         monitor = self._liveness.monitor
         probing = asyncio.create_task(monitor.run(stop)) if monitor else None
-        next_poll = 0.0
+        cadence = self.cadence
         try:
             while not stop.is_set():
                 try:
-                    if poll is None and time.monotonic() >= next_poll:
-                        next_poll = time.monotonic() + self.config.poll_interval_s
-                        poll = asyncio.create_task(self.poll_once())
+                    if poll is None:
+                        poll = self._listing_due(time.monotonic())
                     if poll is not None and poll.done():
                         done, poll = poll, None
                         if done.exception() is not None:
@@ -373,6 +437,7 @@ class Watcher:
                     else:
                         new = []
                     if new:
+                        cadence.stir(time.monotonic())
                         self._reports.start(new)
                         pending.extend(new)
                         found.set()
@@ -386,7 +451,7 @@ class Watcher:
                     logger.error("dropping undelivered detection", extra=_fields(dropped))
                 wake = time.monotonic() + self.config.log_interval_s
                 if poll is None:
-                    wake = min(wake, next_poll)
+                    wake = min(wake, time.monotonic() + self._listing_in(time.monotonic()))
                 waits: set[asyncio.Future[Any]] = {stopped}
                 if poll is not None:
                     waits.add(poll)  # its result is handled as soon as it comes
@@ -408,6 +473,22 @@ class Watcher:
             found.set()  # a last handover of what is pending, then stop
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(handover, timeout=10)
+
+    def _listing_in(self, now: float) -> float:
+        """Seconds until the next listing (of jobs, or of nodes alone) is due."""
+        due = self.cadence.jobs_in(now)
+        jobs = [w.job for w in self._jobs.values()]
+        if self._nodes_wanted(jobs, now):
+            due = min(due, self.cadence.nodes_in(now, urgent=self._reports.deferring(now)))
+        return due
+
+    def _listing_due(self, now: float) -> asyncio.Task[list[Detection]] | None:
+        """The listing due now, started (see relaunch/workers/watch_cadence.py), if any."""
+        if self.cadence.jobs_in(now) <= 0:
+            return asyncio.create_task(self.poll_once())
+        if self._listing_in(now) <= 0:
+            return asyncio.create_task(self.poll_nodes())
+        return None
 
     async def _deliver_until(
         self, stop: asyncio.Event, pending: deque[Detection], found: asyncio.Event

@@ -931,7 +931,9 @@ def test_config_is_checked() -> None:
     with pytest.raises(ValueError, match="node"):
         WatchConfig(cluster="dev", node_log_pattern="/var/log/kern.log")
     with pytest.raises(ValueError):
-        WatchConfig(cluster="dev", poll_interval_s=5)
+        WatchConfig(cluster="dev", poll_interval_s=61)
+    with pytest.raises(ValueError):
+        WatchConfig(cluster="dev", listing_share=0)
 
 
 async def test_logs_are_read_between_scheduler_polls(
