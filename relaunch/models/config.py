@@ -84,6 +84,13 @@ class WatchSettings(BaseModel):
         le=300,
         description="a full job listing at least this often, however long it takes",
     )
+    active_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="between full listings, how often the jobs in any state but pending are "
+        "listed (poll_interval_s while busy): a job that starts is watched within this long",
+    )
     node_interval_s: float = Field(
         default=5.0,
         gt=0,

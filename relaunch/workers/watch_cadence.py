@@ -7,13 +7,19 @@ Listing every second is a whole core at 10,000 jobs. What the listing alone tell
 state (ended, requeued, started); the faults that need seconds are seen elsewhere: log lines
 every ``log_interval_s``, dead slurmds by the probes, both independent of the listing. So:
 
-- **Jobs**: the next listing comes once the last one's wall time is at most ``listing_share``
-  of the time since it began (0.05: a 0.7 s listing every 14 s), never sooner than
-  ``poll_interval_s`` and never later than ``reconcile_s`` after it. A slow controller makes
-  its own listings slower and so rarer: the watcher backs off from a busy slurmctld.
+- **Jobs**: the next full listing comes once the last one's wall time is at most
+  ``listing_share`` of the time since it began (0.05: a 0.7 s listing every 14 s), never sooner
+  than ``poll_interval_s`` and never later than ``reconcile_s`` after it. A slow controller
+  makes its own listings slower and so rarer: the watcher backs off from a busy slurmctld.
+- **Active jobs**: between full listings, every ``active_interval_s`` (2 s), the jobs in any
+  state but pending (``squeue --states=...``: only those printed and parsed, however long the
+  queue): a job that starts is watched (its logs, its nodes' logs, probes) within seconds, one
+  that ends is seen ending. A watched job that leaves that listing (requeued: pending again)
+  makes the watcher busy, and the next full listing comes at the busy pace.
 - **Busy**: a detection makes the watcher busy for ``busy_s``: the share is then
-  ``listing_share_busy`` (0.25), so that requeues, restarts and the next attempt's first lines
-  are followed closely while a recovery runs, and the cost goes back down when it is over.
+  ``listing_share_busy`` (0.25) and the active jobs are listed every ``poll_interval_s``, so
+  that requeues, restarts and the next attempt's first lines are followed closely while a
+  recovery runs, and the cost goes back down when it is over.
 - **Nodes** (``sinfo``: cheap to read, two RPCs to slurmctld): every ``node_interval_s`` while
   watched jobs run, every ``poll_interval_s`` while busy or while a recovery waits to see its
   node drained. Each job listing lists the nodes with it.
@@ -33,6 +39,7 @@ class CadenceSettings:
     listing_share: float = 0.05
     listing_share_busy: float = 0.25
     reconcile_s: float = 30.0  # a job listing at least this often, however long it takes
+    active_interval_s: float = 2.0
     node_interval_s: float = 5.0
     busy_s: float = 60.0
 
@@ -45,6 +52,7 @@ class Cadence:
         self._jobs_began = -math.inf
         self._jobs_took = 0.0
         self._nodes_began = -math.inf
+        self._active_began = -math.inf
         self._busy_until = -math.inf
 
     def busy(self, now: float) -> bool:
@@ -66,10 +74,21 @@ class Cadence:
             return s.poll_interval_s
         return max(s.poll_interval_s, s.node_interval_s)
 
+    def active_interval(self, now: float) -> float:
+        s = self.settings
+        return s.poll_interval_s if self.busy(now) else max(s.poll_interval_s, s.active_interval_s)
+
     def jobs_listed(self, began: float, took: float) -> None:
-        """A job listing began at ``began`` and took ``took`` seconds (its nodes with it)."""
+        """A full job listing began at ``began`` and took ``took`` seconds."""
         self._jobs_began, self._jobs_took = began, max(0.0, took)
-        self._nodes_began = began
+        self._active_began = began
+
+    def active_listed(self, began: float) -> None:
+        self._active_began = began
+
+    def active_in(self, now: float) -> float:
+        """Seconds until the next listing of the active jobs is due (0 or less: now)."""
+        return self._active_began + self.active_interval(now) - now
 
     def nodes_listed(self, began: float) -> None:
         self._nodes_began = began

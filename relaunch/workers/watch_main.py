@@ -45,13 +45,17 @@ LEASE_STALE_S = 10.0
 
 class BriefSchedulerView:
     """The watcher's view of a scheduler: the cheap job listing (squeue's text format) for its
-    polls; nodes as they are."""
+    polls, the active jobs alone between them (relaunch/workers/watch_cadence.py); nodes as
+    they are."""
 
     def __init__(self, scheduler: SlurmCli) -> None:
         self._scheduler = scheduler
 
     async def list_jobs(self) -> list[Job]:
         return await self._scheduler.list_jobs_brief()
+
+    async def list_active_jobs(self) -> list[Job]:
+        return await self._scheduler.list_jobs_active()
 
     async def list_nodes(self) -> list[Node]:
         return await self._scheduler.list_nodes()
@@ -67,6 +71,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         listing_share=config.watch.listing_share,
         listing_share_busy=config.watch.listing_share_busy,
         reconcile_s=config.watch.reconcile_s,
+        active_interval_s=config.watch.active_interval_s,
         node_interval_s=config.watch.node_interval_s,
         busy_s=config.watch.busy_s,
         log_interval_s=config.watch.log_interval_s,

@@ -25,6 +25,7 @@ class WatchStats:
     """Counters for metrics and `relaunch dev status`."""
 
     polls: int = 0  # job listings (each with its nodes)
+    active_polls: int = 0  # listings of the active jobs between full ones (watch_cadence.py)
     node_polls: int = 0  # node listings between job listings (watch_cadence.py)
     last_poll_s: float = 0.0
     watched_jobs: int = 0

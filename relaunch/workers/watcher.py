@@ -3,7 +3,9 @@
 Each poll makes one ``list_jobs()`` and at most one ``list_nodes()`` call (none when no watched
 job runs), then reads only the bytes appended since the last poll to each watched job's stdout
 and stderr and to its nodes' kernel logs. What it finds becomes :class:`Detection` records,
-each reported once per job attempt (same kind, same nodes: reported once).
+each reported once per job attempt (same kind, same nodes: reported once). How often the jobs
+and the nodes are listed follows what a listing costs and what happens, not a fixed second
+(relaunch/workers/watch_cadence.py); the logs are read every ``log_interval_s`` between.
 
 Choices worth knowing:
 
@@ -103,7 +105,9 @@ PASS_SLICE_S = 0.05
 
 
 class SchedulerView(Protocol):
-    """The two batched reads the watcher needs (``SlurmCli`` and ``SlurmRest`` provide them)."""
+    """The two batched reads the watcher needs (``SlurmCli`` and ``SlurmRest`` provide them).
+    A view that also has ``list_active_jobs()`` (the jobs in any state but pending) is read
+    that way between full listings (relaunch/workers/watch_cadence.py)."""
 
     async def list_jobs(self) -> list[Job]: ...
 
@@ -139,6 +143,13 @@ class WatchConfig(BaseModel):
         ge=1,
         le=300,
         description="a full job listing at least this often, however long it takes",
+    )
+    active_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="between full listings, how often the jobs in any state but pending are "
+        "listed (poll_interval_s while busy): a job that starts is watched within this long",
     )
     node_interval_s: float = Field(
         default=5.0,
@@ -227,6 +238,7 @@ class Watcher:
                 listing_share=config.listing_share,
                 listing_share_busy=config.listing_share_busy,
                 reconcile_s=max(config.reconcile_s, config.poll_interval_s),
+                active_interval_s=config.active_interval_s,
                 node_interval_s=config.node_interval_s,
                 busy_s=config.busy_s,
             )
@@ -240,6 +252,9 @@ class Watcher:
         self._jobs: dict[str, JobWatch] = {}
         self._reports = NodeReports(on_node_report, self._running_on, report_acts_alone)
         self._nodes: dict[str, NodeFeed] = {}
+        self._last_nodes: dict[str, Node] = {}  # the last node listing (watch_cadence.py)
+        self._running = 0  # watched jobs RUNNING at the last pass
+        self._active_listing = hasattr(scheduler, "list_active_jobs")
         self._drains = ExternalDrains(config.cluster, on_external_drains)
         self._catch_up = catch_up  # job ends missed while not looking: watch_catchup.py
         self._pass = 0
@@ -275,6 +290,7 @@ class Watcher:
         found = await self._pass_over(jobs, started, now)
         for gone in set(self._jobs) - {job.job_id for job in jobs}:
             del self._jobs[gone]
+        self._count_running()
         in_use = {node for watch in self._jobs.values() for node in watch.job.nodes}
         for idle in set(self._nodes) - in_use:
             del self._nodes[idle]
@@ -289,12 +305,42 @@ class Watcher:
             self._catch_up.after_poll(polled_at, {j.job_id for j in listing}, time.monotonic())
         return found
 
+    async def poll_active(self) -> list[Detection]:
+        """Between two full listings (relaunch/workers/watch_cadence.py): the jobs in any state
+        but pending, and a pass over the watched ones. A job that starts is watched from here;
+        a watched job that left this listing (pending again: requeued) makes the watcher busy
+        and the next full listing come sooner, which tells what became of it."""
+        started = time.monotonic()
+        list_active = getattr(self._scheduler, "list_active_jobs", None)
+        if list_active is None:
+            return await self.poll_once()
+        listing: list[Job] = await list_active()
+        self.cadence.active_listed(started)
+        active = [job for job in listing if self.watches(job)]
+        listed = {job.job_id for job in active}
+        left = [
+            w.job.job_id
+            for job_id, w in self._jobs.items()
+            if job_id not in listed and w.job.state is not JobState.PENDING
+        ]
+        if left:
+            self.cadence.stir(started)
+            logger.debug("watched jobs left the active listing: %s", left[:10])
+        nodes_due = self.cadence.nodes_in(started, urgent=self._reports.deferring(started)) <= 0
+        found = await self._pass_over(active, started, None, fresh_nodes=nodes_due)
+        self.stats.active_polls += 1
+        self.metrics.polled(time.monotonic() - started, len(self._jobs), len(self._nodes))
+        self.stats.detections += len(found)
+        self.metrics.detected(found)
+        return found
+
     async def poll_nodes(self) -> list[Detection]:
         """Between two job listings (relaunch/workers/watch_cadence.py): the nodes again, and
         a pass over the jobs of the last listing with their fresh states (a node down, a
         drain someone made, a node a recovery waits to see drained)."""
         started = time.monotonic()
-        found = await self._pass_over([w.job for w in self._jobs.values()], started, None)
+        jobs = [w.job for w in self._jobs.values() if w.job.state is not JobState.PENDING]
+        found = await self._pass_over(jobs, started, None)
         self.stats.node_polls += 1
         self.stats.detections += len(found)
         self.metrics.detected(found)
@@ -305,10 +351,16 @@ class Watcher:
         job requeued ahead by the node's decision may run nowhere meanwhile)."""
         return self._reports.deferring(now) or any(job.state is JobState.RUNNING for job in jobs)
 
+    def _running_watched(self) -> bool:
+        """Whether a watched job ran at the last pass (kept by the passes: a loop that asks
+        many times a second must not look at 10,000 jobs each time)."""
+        return self._running > 0
+
     async def _pass_over(
-        self, jobs: list[Job], started: float, now: datetime | None
+        self, jobs: list[Job], started: float, now: datetime | None, *, fresh_nodes: bool = True
     ) -> list[Detection]:
-        """The nodes (when wanted), then one pass over ``jobs``: what each shows that is new."""
+        """The nodes (when wanted: listed again when ``fresh_nodes``, else as last listed), then
+        one pass over ``jobs``: what each shows that is new."""
         if now is None:
             wall, clock = datetime.now(UTC), time.monotonic()
         else:
@@ -316,10 +368,14 @@ class Watcher:
             clock = wall.timestamp()
         nodes: dict[str, Node] = {}
         if self._nodes_wanted(jobs, started):
-            nodes = {node.name: node for node in await self._scheduler.list_nodes()}
-            self.cadence.nodes_listed(started)
-            self._reports.nodes_seen({name for name, node in nodes.items() if node.drain_flag})
-            self._drains.observe(jobs, nodes, wall, time.monotonic())
+            if fresh_nodes or not self._last_nodes:
+                nodes = {node.name: node for node in await self._scheduler.list_nodes()}
+                self._last_nodes = nodes
+                self.cadence.nodes_listed(started)
+                self._reports.nodes_seen({n for n, node in nodes.items() if node.drain_flag})
+                self._drains.observe(jobs, nodes, wall, time.monotonic())
+            else:  # the last listing's: their addresses for the probes, their states as seen
+                nodes = self._last_nodes
         found: list[Detection] = []
         async with self._pass_lock:
             self._pass += 1
@@ -331,7 +387,11 @@ class Watcher:
                     wall, clock = datetime.now(UTC), time.monotonic()
                 found.extend(self._check_job(job, nodes, wall, clock))
                 slice_end = await self._between_jobs(slice_end)
+        self._count_running()
         return found
+
+    def _count_running(self) -> None:
+        self._running = sum(1 for w in self._jobs.values() if w.job.state is JobState.RUNNING)
 
     async def _send_reports(self) -> None:
         """Send the node reports waiting (their signals out; the answers may come later)."""
@@ -367,6 +427,8 @@ class Watcher:
         self._read_nodes()
         yield []
         for watch in list(self._jobs.values()):
+            if watch.job.state is JobState.PENDING:
+                continue  # no output before it runs: 10,000 queued jobs cost no file access
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
             # and a line read late in it must not look detected before it was written.
             wall = now or datetime.now(UTC)
@@ -475,17 +537,22 @@ class Watcher:
                 await asyncio.wait_for(handover, timeout=10)
 
     def _listing_in(self, now: float) -> float:
-        """Seconds until the next listing (of jobs, or of nodes alone) is due."""
+        """Seconds until the next listing (of all jobs, the active ones, or the nodes)."""
         due = self.cadence.jobs_in(now)
-        jobs = [w.job for w in self._jobs.values()]
-        if self._nodes_wanted(jobs, now):
-            due = min(due, self.cadence.nodes_in(now, urgent=self._reports.deferring(now)))
+        if self._active_listing:
+            due = min(due, self.cadence.active_in(now))
+        deferring = self._reports.deferring(now)
+        if deferring or self._running_watched():
+            due = min(due, self.cadence.nodes_in(now, urgent=deferring))
         return due
 
     def _listing_due(self, now: float) -> asyncio.Task[list[Detection]] | None:
-        """The listing due now, started (see relaunch/workers/watch_cadence.py), if any."""
+        """The listing due now, started (see relaunch/workers/watch_cadence.py), if any: all
+        the jobs, the active ones (with their nodes when those are due), or the nodes."""
         if self.cadence.jobs_in(now) <= 0:
             return asyncio.create_task(self.poll_once())
+        if self._active_listing and self.cadence.active_in(now) <= 0:
+            return asyncio.create_task(self.poll_active())
         if self._listing_in(now) <= 0:
             return asyncio.create_task(self.poll_nodes())
         return None
@@ -639,7 +706,8 @@ class Watcher:
             poll.add(f"job_state:{job.state}", text=text, fault_time=job.end_time)
         if job.state is JobState.RUNNING:
             self._node_states(poll, nodes)
-        self._job_logs(poll)
+        if job.state is not JobState.PENDING:  # no output before it runs
+            self._job_logs(poll)
         self._node_news(poll)
         self._liveness.news(poll)
         if job.state is JobState.RUNNING and not requeued:

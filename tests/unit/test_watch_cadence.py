@@ -30,8 +30,17 @@ def test_a_costly_listing_comes_rarely_and_more_often_while_busy() -> None:
     assert cadence.job_interval(200.0) == 1.0
     cadence.jobs_listed(began=300.0, took=9.0)  # 100,000 jobs: at least every reconcile_s
     assert cadence.job_interval(300.0) == 30.0
-    # Nodes: with each job listing, every node_interval_s between, every poll while a
-    # recovery waits to see its node drained.
+    # The active jobs: every active_interval_s (2 s) between full listings, every poll while
+    # busy.
+    assert cadence.active_in(301.0) == pytest.approx(1.0)
+    cadence.active_listed(302.0)
+    assert cadence.active_in(303.0) == pytest.approx(1.0)
+    cadence.stir(303.0)
+    assert cadence.active_in(303.0) == pytest.approx(0.0)
+    # Nodes: every node_interval_s (5 s), every poll while busy or while a recovery waits to
+    # see its node drained.
+    cadence = Cadence(CadenceSettings())
+    cadence.nodes_listed(300.0)
     assert cadence.nodes_in(301.0, urgent=False) == pytest.approx(4.0)
     assert cadence.nodes_in(301.0, urgent=True) == pytest.approx(0.0)
     cadence.nodes_listed(303.0)
@@ -58,19 +67,20 @@ class SlowScheduler:
     async def list_jobs(self) -> list[Job]:
         self.calls["list_jobs"] += 1
         await asyncio.sleep(self.listing_s)
-        return [
-            Job(
-                job_id="7",
-                user_id=os.getuid(),
-                group_id=os.getgid(),
-                state=self.state,
-                comment="relaunch=on",
-                nodes=["n1"],
-                num_tasks=1,
-                stdout_path=str(self.log),
-                stderr_path=str(self.log),
-            )
-        ]
+        return [self.job()]
+
+    def job(self) -> Job:
+        return Job(
+            job_id="7",
+            user_id=os.getuid(),
+            group_id=os.getgid(),
+            state=self.state,
+            comment="relaunch=on",
+            nodes=["n1"],
+            num_tasks=1,
+            stdout_path=str(self.log),
+            stderr_path=str(self.log),
+        )
 
     async def list_nodes(self) -> list[Node]:
         self.calls["list_nodes"] += 1
@@ -125,6 +135,72 @@ async def test_a_slow_listing_is_not_repeated_every_poll_and_logs_are_still_read
         await _until(lambda: any(d.kind == "job_state:FAILED" for d in delivered), timeout=1.5)
         await asyncio.sleep(1.2)  # 0.4 s apart: 3 or 4 listings (2 s apart when not busy)
         assert sched.calls["list_jobs"] - before >= 3, sched.calls
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
+
+
+class QueueScheduler(SlowScheduler):
+    """A long queue of pending jobs (their output /dev/null) whose full listing takes 0.3 s,
+    one job that starts later, and the active listing squeue's state filter gives."""
+
+    def __init__(self, log: Path, pending: int) -> None:
+        super().__init__(log, listing_s=0.3)
+        self.started = False
+        self.pending = [
+            Job(job_id=str(1000 + i), state=JobState.PENDING, comment="relaunch=on",
+                stdout_path="/dev/null")
+            for i in range(pending)
+        ]  # fmt: skip
+
+    async def list_jobs(self) -> list[Job]:
+        running = await super().list_jobs()  # takes listing_s
+        return [*self.pending, *(running if self.started else [])]
+
+    async def list_active_jobs(self) -> list[Job]:
+        self.calls["list_active_jobs"] += 1
+        return [self.job()] if self.started else []  # cheap: the state filter
+
+
+async def test_a_job_that_starts_is_watched_within_the_active_pace_not_the_full_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a full listing that costs 0.3 s (every 6 s at 5 %), a job that starts is listed
+    by the active listing within active_interval_s, its log line found; the pending jobs'
+    output is never opened."""
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy_open(path: object, *args: object, **kwargs: object) -> int:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", spy_open)
+    log = tmp_path / "job-7.out"
+    log.write_text("")
+    sched = QueueScheduler(log, pending=200)
+    delivered: list[Detection] = []
+
+    async def deliver(det: Detection) -> None:
+        delivered.append(det)
+
+    config = WatchConfig(
+        cluster="dev", poll_interval_s=0.1, log_interval_s=0.05, active_interval_s=0.3
+    )
+    watcher = Watcher(config, sched, deliver)
+    stop = asyncio.Event()
+    running = asyncio.create_task(watcher.run(stop))
+    try:
+        await asyncio.sleep(0.5)
+        sched.started = True
+        with log.open("a") as out:
+            out.write("0: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+        took = await _until(lambda: delivered, timeout=3.0)
+        assert took < 1.0, took  # the active pace (0.3 s), not the full one (6 s)
+        assert delivered[0].kind == "signature:cuda_ecc"
+        assert sched.calls["list_jobs"] == 1, sched.calls  # the first full listing only
+        assert sched.calls["list_active_jobs"] >= 2
+        assert "/dev/null" not in opened
     finally:
         stop.set()
         await asyncio.wait_for(running, timeout=10)

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.rest import SlurmRest
 from relaunch.connectors.slurm.runner import CommandRunner
-from relaunch.models.scheduler import Job, Node
+from relaunch.models.scheduler import Job, JobState, Node
 
 
 class SlurmRestScheduler(SlurmCli):
@@ -71,6 +71,9 @@ class SlurmRestScheduler(SlurmCli):
 
     async def list_jobs_brief(self) -> list[Job]:
         return await self.list_jobs()  # the REST listing is the one there is
+
+    async def list_jobs_active(self) -> list[Job]:
+        return [job for job in await self.list_jobs() if job.state is not JobState.PENDING]
 
     async def get_job_brief(self, job_id: str) -> Job:
         return await self.rest.get_job(job_id)
