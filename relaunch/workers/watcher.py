@@ -91,7 +91,15 @@ from relaunch.workers.watch_handover import (
     NodeReports,
 )
 from relaunch.workers.watch_liveness import Liveness
-from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream, WatchStats
+from relaunch.workers.watch_state import (
+    JobWatch,
+    LogPace,
+    NodeFeed,
+    Poll,
+    Stream,
+    WatchStats,
+    writes_output,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +150,13 @@ class WatchConfig(BaseModel):
         gt=0,
         description="log bytes scanned per job per pass (stdout and stderr together); the "
         "rest is read in later passes, so one flooding job cannot starve the others",
+    )
+    log_quiet_max_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=10,
+        description="a job log that did not grow is read less often, backing off from "
+        "log_interval_s to at most this (docs/detection.md, 'Logs read by need')",
     )
     job_output: JobOutputSettings = Field(
         default_factory=JobOutputSettings, description="which job output files may be read"
@@ -596,20 +611,26 @@ class Watcher:
     def _job_logs(self, poll: Poll) -> None:
         """Read and scan what the job's output files gained, within the job's budget for one
         pass (shared between its files): a job that writes faster than that is read over
-        several passes, and the backlog is counted and said, never skipped."""
-        job, watch = poll.job, poll.watch
+        several passes, and the backlog is counted and said, never skipped. Read by need
+        (watch_state.LogPace): a quiet log less often, an ended job's not at all."""
+        job, watch, cfg = poll.job, poll.watch, self.config
         paths = [p for p in dict.fromkeys([job.stdout_path, job.stderr_path]) if p]
-        share = max(1, self.config.max_job_bytes_per_pass // max(len(paths), 1))
-        behind = False
+        share = max(1, cfg.max_job_bytes_per_pass // max(len(paths), 1))
+        behind, writing = False, writes_output(job)
         for path in paths:
             stream = watch.logs.get(path)
             if stream is None:
-                access = FileAccess.for_job(job, self.config.job_output)
+                access = FileAccess.for_job(job, cfg.job_output)
                 stream = watch.logs[path] = self._stream(
                     path, from_start=watch.from_start, access=access
                 )
+                stream.pace = LogPace(cfg.log_interval_s, cfg.log_quiet_max_s)
+            if not stream.due(poll.clock, writing):
+                continue
             lines = stream.read(share)
+            stream.paced(poll.clock, writing)
             self.metrics.read(stream.last_read)
+            self.metrics.file_ops(stream.last_ops)
             behind = behind or stream.behind
             ignored = watch.progress.ignored_lines
             for line in lines:
@@ -680,6 +701,7 @@ class Watcher:
         if feed.log is not None:
             lines = feed.log.read()
             self.metrics.read(feed.log.last_read)
+            self.metrics.file_ops(feed.log.last_ops)
             feed.matches = [
                 match
                 for match in self._catalogue.scan_lines(
