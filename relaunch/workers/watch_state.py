@@ -107,6 +107,8 @@ class Stream:
         if pace is None:
             return True
         if writing:
+            if self.ended_at is not None:  # it runs again (requeued): read it as a new log
+                self.grew_at, self.next_at = clock, -math.inf
             self.ended_at, self.done = None, False
         elif self.ended_at is None or clock < self.ended_at:
             self.ended_at = clock
