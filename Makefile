@@ -109,3 +109,9 @@ status: deps
 
 clean: down
 	rm -rf .relaunch
+
+# The watcher's log reading at 2,000 job logs and 500 node logs: file ops/s, CPU, detection
+# latency (bench/results/log_io.md; BENCH_ARGS="--before REF" compares with commit REF).
+.PHONY: bench-logs
+bench-logs: deps
+	$(PY) bench/log_io.py $(BENCH_ARGS)

@@ -224,6 +224,21 @@ def inode_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_uid, st.st_gid, st.st_mode)
 
 
+@dataclass
+class FileOps:
+    """File system operations made reading files (the watcher counts its logs' in
+    ``relaunch_watch_file_ops_total``): opens (the ``O_PATH`` look and the read-only open are
+    two), stats (``fstat``, and a new file's directories when its access is checked) and reads
+    (``pread``). Each open is closed again; closes are not counted."""
+
+    open: int = 0
+    stat: int = 0
+    read: int = 0
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.open, self.stat, self.read)
+
+
 def open_checked(
     path: str, access: FileAccess, *, checked: tuple[int, int, int, int, int] | None = None
 ) -> int:
@@ -233,11 +248,25 @@ def open_checked(
     ``checked``: the :func:`inode_key` of a file that passed before; the same inode, owner and
     mode skip the path and directory checks (a tail reads the same file several times a second).
     Whether it is a regular file, and the final symbolic link, are checked on every open."""
+    return open_checked_stat(path, access, checked=checked)[0]
+
+
+def open_checked_stat(
+    path: str,
+    access: FileAccess,
+    *,
+    checked: tuple[int, int, int, int, int] | None = None,
+    ops: FileOps | None = None,
+) -> tuple[int, os.stat_result]:
+    """:func:`open_checked`, with the descriptor's own ``fstat`` (taken once the file is open:
+    the caller needs no other), counting what it does in ``ops``."""
+    ops = ops if ops is not None else FileOps()
     if access.job_file and not os.path.isabs(path):
         raise RefusedPathError(f"{path}: not an absolute path")
     nofollow = os.O_NOFOLLOW if access.job_file else 0
     try:
         # O_PATH opens nothing (no FIFO wait, no device open): it only names the inode.
+        ops.open += 1
         probe = os.open(path, _O_PATH | nofollow | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
@@ -246,27 +275,37 @@ def open_checked(
             raise FileNotFoundError(exc.errno, exc.strerror, path) from exc
         raise
     try:
+        ops.stat += 1
         st = os.fstat(probe)
         if stat.S_ISLNK(st.st_mode):  # O_PATH|O_NOFOLLOW hands back the link itself
             raise RefusedPathError(f"{path}: a symbolic link")
         if not stat.S_ISREG(st.st_mode):
             raise RefusedPathError(f"{path}: {_kind(st)}, not a regular file")
+        if inode_key(st) != checked:
+            ops.stat += os.path.normpath(path).count("/")  # each directory above it
         if access.job_file and inode_key(st) != checked:
             _check_job_file(probe, path, st, access)
         elif not access.job_file and inode_key(st) != checked:
             problem = operator_file_problem(path, st, _real_path(probe, path))
             if problem:
                 raise RefusedPathError(problem)
+        ops.open += 1
         if not _O_PATH:
-            return os.dup(probe)
-        fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.dup(probe)
+        else:
+            fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     finally:
         os.close(probe)
-    reopened = os.fstat(fd)
+    try:
+        ops.stat += 1
+        reopened = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
     if (reopened.st_dev, reopened.st_ino) != (st.st_dev, st.st_ino):
         os.close(fd)
         raise RefusedPathError(f"{path}: changed while it was being opened")
-    return fd
+    return fd, reopened
 
 
 class TailRead(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from relaunch.connectors.joboutput import FileAccess, inode_key, open_checked
+from relaunch.connectors.joboutput import FileAccess, FileOps, inode_key, open_checked_stat
 from relaunch.models.errors import RefusedPathError
 
 DEFAULT_MAX_READ = 8 << 20
@@ -19,7 +19,9 @@ class FileTail:
     per call; the rest comes next time). A file that does not exist yet reads as empty. A file
     that became shorter than the offset (truncated) or was replaced by another file (a new
     inode, e.g. rotation) is read again from its start, and ``truncations`` counts it. No
-    threads and no open descriptor between calls: a read is an open, a stat and one pread.
+    threads and no open descriptor between calls: a read is two opens (the checked open of
+    :func:`open_checked_stat`), two ``fstat`` and one ``pread`` when the file grew; ``ops``
+    counts them (:class:`FileOps`).
 
     Only regular files are opened, never blocking (a FIFO or a device reads as refused). With
     ``access`` from :meth:`FileAccess.for_job` a job's file is also checked as the job's user
@@ -45,6 +47,7 @@ class FileTail:
         self.refused: str | None = None
         self._identity: tuple[int, int] | None = None
         self._checked: tuple[int, int, int, int, int] | None = None
+        self.ops = FileOps()
 
     @classmethod
     def at_end(
@@ -57,30 +60,23 @@ class FileTail:
         """A tail that skips what the file holds now (from 0 if it does not exist yet)."""
         tail = cls(path, max_read=max_read, access=access)
         try:
-            fd = tail._open()
+            fd, st = tail._open()
         except (OSError, RefusedPathError):
             return tail
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
+        os.close(fd)
         tail.offset = st.st_size
         tail._identity = (st.st_dev, st.st_ino)
         return tail
 
-    def _open(self) -> int:
-        fd = open_checked(self.path, self.access, checked=self._checked)
-        try:
-            self._checked = inode_key(os.fstat(fd))
-        except OSError:
-            os.close(fd)
-            raise
-        return fd
+    def _open(self) -> tuple[int, os.stat_result]:
+        fd, st = open_checked_stat(self.path, self.access, checked=self._checked, ops=self.ops)
+        self._checked = inode_key(st)
+        return fd, st
 
     def read(self) -> bytes:
         """The bytes appended since the last read (``b""`` when none, no file, or refused)."""
         try:
-            fd = self._open()
+            fd, st = self._open()
         except FileNotFoundError:
             return b""
         except RefusedPathError as exc:
@@ -90,7 +86,6 @@ class FileTail:
             return b""
         self.refused = None
         try:
-            st = os.fstat(fd)
             identity = (st.st_dev, st.st_ino)
             replaced = self._identity is not None and identity != self._identity
             self._identity = identity
@@ -100,6 +95,7 @@ class FileTail:
             size = min(st.st_size - self.offset, self.max_read)
             if size <= 0:
                 return b""
+            self.ops.read += 1
             data = os.pread(fd, size, self.offset)
             self.offset += len(data)
             return data

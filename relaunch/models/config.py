@@ -101,6 +101,13 @@ class WatchSettings(BaseModel):
     busy_s: float = Field(
         default=60.0, ge=0, le=3600, description="how long a detection keeps the watcher busy"
     )
+    log_quiet_max_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=10,
+        description="a watched log that did not grow is read less often, backing off from "
+        "log_interval_s to at most this (docs/detection.md, 'Logs read by need')",
+    )
     hang_threshold_s: float = Field(default=45.0, ge=5, le=7 * 86400, description=HANG_FLOOR_WHY)
     lag_floor_s: float = Field(default=5.0, ge=1, le=7 * 86400, description=LAG_FLOOR_WHY)
     progress_pattern: str | None = None

@@ -185,6 +185,13 @@ class WatchMetrics:
             labels,
             registry=r,
         ).labels(cluster)
+        ops = Counter(
+            "relaunch_watch_file_ops",
+            "File operations (open, stat, read) reading watched jobs' and nodes' logs.",
+            ["cluster", "op"],
+            registry=r,
+        )
+        self._ops = [ops.labels(cluster, op) for op in ("open", "stat", "read")]
         if probe_counts is not None:
             r.register(_ProbeCollector(cluster, probe_counts))
         self.last_good_poll: float | None = None  # monotonic
@@ -212,6 +219,12 @@ class WatchMetrics:
     def read(self, nbytes: int) -> None:
         if nbytes > 0:
             self._bytes.inc(nbytes)
+
+    def file_ops(self, ops: tuple[int, int, int]) -> None:
+        """Opens, stats and reads made reading one log file."""
+        for counter, n in zip(self._ops, ops, strict=True):
+            if n:
+                counter.inc(n)
 
     def check(self, started: float) -> HealthCheck:
         """The watcher's health check: a good poll within :func:`poll_stale_s` (counted from

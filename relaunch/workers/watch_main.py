@@ -75,6 +75,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         node_interval_s=config.watch.node_interval_s,
         busy_s=config.watch.busy_s,
         log_interval_s=config.watch.log_interval_s,
+        log_quiet_max_s=config.watch.log_quiet_max_s,
         hang_threshold_s=config.watch.hang_threshold_s,
         lag_floor_s=config.watch.lag_floor_s,
         heartbeat_timeout_s=config.watch.heartbeat_timeout_s,

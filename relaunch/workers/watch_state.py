@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -15,7 +16,13 @@ from relaunch.detection.progress import ProgressTracker
 from relaunch.detection.signatures import SignatureMatch
 from relaunch.models.bundle import TelemetrySample
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import HANG_AFTER_KEY, LAG_AFTER_KEY, Job, comment_duration
+from relaunch.models.scheduler import (
+    HANG_AFTER_KEY,
+    LAG_AFTER_KEY,
+    Job,
+    JobState,
+    comment_duration,
+)
 
 logger = logging.getLogger("relaunch.workers.watcher")
 
@@ -44,10 +51,42 @@ class WatchStats:
     heartbeat_nodes: int = 0  # nodes whose agent's heartbeat is followed now
 
 
+# A job in these states writes no output: once it was seen in one this long (its last lines
+# given time to land on a shared filesystem) and its log read to the end, the log is not read
+# again unless the job runs again (a requeue).
+ENDED_GRACE_S = 3.0
+_NOT_WRITING = frozenset(
+    {JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.REQUEUE_FED}
+)
+
+
+def writes_output(job: Job) -> bool:
+    """Whether the job may still write to its output files (it has not ended, nor waits)."""
+    return not (job.state.is_terminal or job.state in _NOT_WRITING)
+
+
+@dataclass(frozen=True)
+class LogPace:
+    """How often a job's log is read (docs/detection.md, "Logs read by need"). A log that grew
+    at its last read is read at every pass (``fast_s`` apart); one quiet for ``q`` seconds
+    (``q`` >= ``fast_s``) is read again ``min(q, quiet_max_s)`` later: 0.25 s, 0.5 s, then
+    every second by default. A log whose job no longer writes is read for ``ended_grace_s``
+    after the job was first seen so, until a read finds no more waiting, then no more."""
+
+    fast_s: float
+    quiet_max_s: float
+    ended_grace_s: float = ENDED_GRACE_S
+
+
 @dataclass
 class Stream:
     """One followed file: its tail, its partial last line, and what the last read got.
-    ``behind`` is True when the last read stopped at its limit (more may be waiting)."""
+    ``behind`` is True when the last read stopped at its limit (more may be waiting);
+    ``last_ops`` the file operations (open, stat, read) the last read made.
+
+    With a ``pace`` (a job's log) it is read by need: :meth:`due` says whether to read it in
+    this pass, :meth:`paced` plans the next read from what this one found. The clock is the
+    pass's (monotonic, or the injected time); a clock that went back reads at once."""
 
     tail: FileTail
     lines: LineBuffer = field(default_factory=LineBuffer)
@@ -55,6 +94,45 @@ class Stream:
     failing: bool = False
     last_read: int = 0
     behind: bool = False
+    last_ops: tuple[int, int, int] = (0, 0, 0)
+    pace: LogPace | None = None
+    read_at: float = -math.inf  # the clock of the last read
+    grew_at: float | None = None  # the clock of the last read that gave bytes
+    next_at: float = -math.inf  # not read before (less half a pass of slack)
+    ended_at: float | None = None  # when the job was first seen not writing (None: it writes)
+    done: bool = False  # the job no longer writes and its log was read to the end
+
+    def due(self, clock: float, writing: bool) -> bool:
+        """Whether to read the file in the pass at ``clock``; ``writing``: whether its job may
+        still write to it (a job that runs again after it ended is read again)."""
+        pace = self.pace
+        if pace is None:
+            return True
+        if writing:
+            if self.ended_at is not None:  # it runs again (requeued): read it as a new log
+                self.grew_at, self.next_at = clock, -math.inf
+            self.ended_at, self.done = None, False
+        elif self.ended_at is None or clock < self.ended_at:
+            self.ended_at = clock
+        if self.done:
+            return False
+        if clock < self.read_at:
+            return True
+        return clock >= self.next_at - pace.fast_s / 2
+
+    def paced(self, clock: float, writing: bool) -> None:
+        """Plan the next read after a read at ``clock`` (see :class:`LogPace`)."""
+        pace = self.pace
+        if pace is None:
+            return
+        went_back = clock < self.read_at or (self.grew_at is not None and clock < self.grew_at)
+        if self.grew_at is None or went_back or self.last_read or self.behind:
+            self.grew_at = clock
+        self.read_at = clock
+        quiet = clock - self.grew_at
+        self.next_at = clock + (min(quiet, pace.quiet_max_s) if quiet >= pace.fast_s else 0.0)
+        ended = None if writing else self.ended_at
+        self.done = ended is not None and clock - ended >= pace.ended_grace_s and not self.behind
 
     def read(self, limit: int | None = None) -> list[Line]:
         """The complete lines appended since the last read, reading at most ``limit`` bytes
@@ -63,6 +141,7 @@ class Stream:
         configured = self.tail.max_read
         asked = configured if limit is None else max(1, min(limit, configured))
         self.tail.max_read = asked
+        before = self.tail.ops.as_tuple()
         try:
             data = self.tail.read()
         except OSError as exc:
@@ -72,6 +151,8 @@ class Stream:
             return []
         finally:
             self.tail.max_read = configured
+            after = self.tail.ops.as_tuple()
+            self.last_ops = (after[0] - before[0], after[1] - before[1], after[2] - before[2])
         self.failing = False
         self.last_read, self.behind = len(data), len(data) >= asked
         if self.tail.truncations != self.truncations:

@@ -94,7 +94,15 @@ from relaunch.workers.watch_handover import (
     NodeReports,
 )
 from relaunch.workers.watch_liveness import Liveness
-from relaunch.workers.watch_state import JobWatch, NodeFeed, Poll, Stream, WatchStats
+from relaunch.workers.watch_state import (
+    JobWatch,
+    LogPace,
+    NodeFeed,
+    Poll,
+    Stream,
+    WatchStats,
+    writes_output,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +191,13 @@ class WatchConfig(BaseModel):
         gt=0,
         description="log bytes scanned per job per pass (stdout and stderr together); the "
         "rest is read in later passes, so one flooding job cannot starve the others",
+    )
+    log_quiet_max_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=10,
+        description="a job log that did not grow is read less often, backing off from "
+        "log_interval_s to at most this (docs/detection.md, 'Logs read by need')",
     )
     job_output: JobOutputSettings = Field(
         default_factory=JobOutputSettings, description="which job output files may be read"
@@ -427,8 +442,8 @@ class Watcher:
         self._read_nodes()
         yield []
         for watch in list(self._jobs.values()):
-            if watch.job.state is JobState.PENDING:
-                continue  # no output before it runs: 10,000 queued jobs cost no file access
+            if watch.job.state is JobState.PENDING and not watch.logs:
+                continue  # never ran while watched: 10,000 queued jobs cost no file access
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
             # and a line read late in it must not look detected before it was written.
             wall = now or datetime.now(UTC)
@@ -706,7 +721,7 @@ class Watcher:
             poll.add(f"job_state:{job.state}", text=text, fault_time=job.end_time)
         if job.state is JobState.RUNNING:
             self._node_states(poll, nodes)
-        if job.state is not JobState.PENDING:  # no output before it runs
+        if job.state is not JobState.PENDING or watch.logs:  # none before it first runs
             self._job_logs(poll)
         self._node_news(poll)
         self._liveness.news(poll)
@@ -745,20 +760,26 @@ class Watcher:
     def _job_logs(self, poll: Poll) -> None:
         """Read and scan what the job's output files gained, within the job's budget for one
         pass (shared between its files): a job that writes faster than that is read over
-        several passes, and the backlog is counted and said, never skipped."""
-        job, watch = poll.job, poll.watch
+        several passes, and the backlog is counted and said, never skipped. Read by need
+        (watch_state.LogPace): a quiet log less often, an ended job's not at all."""
+        job, watch, cfg = poll.job, poll.watch, self.config
         paths = [p for p in dict.fromkeys([job.stdout_path, job.stderr_path]) if p]
-        share = max(1, self.config.max_job_bytes_per_pass // max(len(paths), 1))
-        behind = False
+        share = max(1, cfg.max_job_bytes_per_pass // max(len(paths), 1))
+        behind, writing = False, writes_output(job)
         for path in paths:
             stream = watch.logs.get(path)
             if stream is None:
-                access = FileAccess.for_job(job, self.config.job_output)
+                access = FileAccess.for_job(job, cfg.job_output)
                 stream = watch.logs[path] = self._stream(
                     path, from_start=watch.from_start, access=access
                 )
+                stream.pace = LogPace(cfg.log_interval_s, cfg.log_quiet_max_s)
+            if not stream.due(poll.clock, writing):
+                continue
             lines = stream.read(share)
+            stream.paced(poll.clock, writing)
             self.metrics.read(stream.last_read)
+            self.metrics.file_ops(stream.last_ops)
             behind = behind or stream.behind
             ignored = watch.progress.ignored_lines
             for line in lines:
@@ -822,13 +843,18 @@ class Watcher:
                 if tel_pattern
                 else None,
             )
+            if feed.log is not None:  # read by need, as a job's log (LogPace)
+                feed.log.pace = LogPace(self.config.log_interval_s, self.config.log_quiet_max_s)
         if feed.read_in == self._pass:
             return feed
         first_read, feed.read_in = feed.read_in < 0, self._pass
         feed.matches, feed.telemetry_matches = [], []
-        if feed.log is not None:
+        clock = time.monotonic()
+        if feed.log is not None and feed.log.due(clock, True):
             lines = feed.log.read()
+            feed.log.paced(clock, True)
             self.metrics.read(feed.log.last_read)
+            self.metrics.file_ops(feed.log.last_ops)
             feed.matches = [
                 match
                 for match in self._catalogue.scan_lines(

@@ -277,6 +277,11 @@ async def test_the_watchers_brief_listing_equals_the_json_listing(
 
     brief = mine(await scheduler.list_jobs_brief())
     full = mine(await scheduler.list_jobs())
+    # The active listing (the watcher's between full ones): no pending job, every ended one.
+    active = mine(await scheduler.list_jobs_active())
+    assert all(job.state is not JobState.PENDING for job in active.values()), active
+    ended = {j for j, job in brief.items() if job.state.is_abnormal_end}
+    assert ids[1] in ended and ended <= active.keys(), (ended, active.keys())
     assert brief.keys() == full.keys()
     assert {ids[0], ids[1], ids[2]} <= brief.keys()
     assert brief[ids[1]].exit_code.code == 3 and brief[ids[0]].time_limit_minutes == 1563
