@@ -66,11 +66,12 @@ class WatchSettings(BaseModel):
         default=0.25, gt=0, le=2.0, description="how often watched logs are read between polls"
     )
     listing_share: float = Field(
-        default=0.05,
+        default=0.02,
         gt=0,
         le=1,
         description="while nothing happens, at most this share of the time goes to listing "
-        "jobs: a listing that takes 0.7 s (10,000 jobs) runs every 14 s (docs/scale.md)",
+        "every job (the active ones are listed every active_interval_s between): a listing "
+        "that takes 0.7 s (10,000 jobs) runs every 30 s (reconcile_s) (docs/scale.md)",
     )
     listing_share_busy: float = Field(
         default=0.25,

@@ -8,8 +8,9 @@ state (ended, requeued, started); the faults that need seconds are seen elsewher
 every ``log_interval_s``, dead slurmds by the probes, both independent of the listing. So:
 
 - **Jobs**: the next full listing comes once the last one's wall time is at most
-  ``listing_share`` of the time since it began (0.05: a 0.7 s listing every 14 s), never sooner
-  than ``poll_interval_s`` and never later than ``reconcile_s`` after it. A slow controller
+  ``listing_share`` of the time since it began (0.02: a 0.1 s listing every 5 s, a 0.7 s one
+  every 35 s), never sooner than ``poll_interval_s`` and never later than ``reconcile_s`` (30 s)
+  after it. A slow controller
   makes its own listings slower and so rarer: the watcher backs off from a busy slurmctld.
 - **Active jobs**: between full listings, every ``active_interval_s`` (2 s), the jobs in any
   state but pending (``squeue --states=...``: only those printed and parsed, however long the
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class CadenceSettings:
     poll_interval_s: float = 1.0  # the shortest time between two listings of a kind
-    listing_share: float = 0.05
+    listing_share: float = 0.02
     listing_share_busy: float = 0.25
     reconcile_s: float = 30.0  # a job listing at least this often, however long it takes
     active_interval_s: float = 2.0

@@ -134,11 +134,12 @@ class WatchConfig(BaseModel):
     opt_in_comment: bool = Field(default=True, description="watch jobs with relaunch=on")
     poll_interval_s: float = Field(default=1.0, gt=0, le=60)
     listing_share: float = Field(
-        default=0.05,
+        default=0.02,
         gt=0,
         le=1,
         description="while nothing happens, at most this share of the time goes to listing "
-        "jobs: a listing that takes 0.7 s (10,000 jobs) runs every 14 s (docs/scale.md)",
+        "every job (the active ones are listed every active_interval_s between): a listing "
+        "that takes 0.7 s (10,000 jobs) runs every 30 s (reconcile_s) (docs/scale.md)",
     )
     listing_share_busy: float = Field(
         default=0.25,

@@ -19,7 +19,9 @@ from relaunch.workers.watcher import WatchConfig, Watcher
 
 
 def test_a_costly_listing_comes_rarely_and_more_often_while_busy() -> None:
-    cadence = Cadence(CadenceSettings())  # share 0.05, busy 0.25, 1-30 s, nodes every 5 s
+    assert CadenceSettings().listing_share == 0.02  # the default: 0.7 s every 30 s
+    # share 0.05, busy 0.25, 1-30 s, nodes every 5 s
+    cadence = Cadence(CadenceSettings(listing_share=0.05))
     cadence.jobs_listed(began=100.0, took=0.7)  # 10,000 jobs: squeue takes 0.7 s
     assert cadence.job_interval(101.0) == pytest.approx(14.0)
     assert cadence.jobs_in(101.0) == pytest.approx(13.0)
@@ -99,7 +101,7 @@ async def _until(check: object, timeout: float) -> float:
 async def test_a_slow_listing_is_not_repeated_every_poll_and_logs_are_still_read(
     tmp_path: Path,
 ) -> None:
-    """A listing that takes 0.1 s runs every 2 s (5 %), not every 0.2 s poll interval; the
+    """A listing that takes 0.1 s runs every 2 s (at 5 %), not every 0.2 s poll interval; the
     nodes come every node_interval_s between; a log line is still found within a log
     interval; and the detection makes the listings come often while its recovery runs."""
     log = tmp_path / "job-7.out"
@@ -117,6 +119,7 @@ async def test_a_slow_listing_is_not_repeated_every_poll_and_logs_are_still_read
         node_interval_s=0.5,
         busy_s=30,
         log_quiet_max_s=0.1,
+        listing_share=0.05,
     )
     watcher = Watcher(config, sched, deliver)
     stop = asyncio.Event()
