@@ -10,19 +10,24 @@ false ``node_unreachable`` detections for every job on them.
 
 from __future__ import annotations
 
+import asyncio
 import resource
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from relaunch.connectors.liveness import (
     LivenessMonitor,
     ProbeTarget,
+    RemoteProber,
     SynProber,
     raw_sockets_permitted,
 )
+from relaunch.connectors.slurm.runner import CommandResult
 
 NODES = 1000
 
@@ -87,3 +92,29 @@ async def test_three_rounds_over_1000_live_nodes_call_none_unreachable(
     assert monitor.unreachable() == {}
     assert monitor.stats.probes == 3 * NODES
     assert monitor.stats.failed == 0
+
+
+class SubprocessRunner:
+    """Runs RemoteProber's ``python3 -`` here, for real, as SshRunner would on the SSH host."""
+
+    async def run(
+        self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 30.0
+    ) -> CommandResult:
+        argv = [sys.executable if a == "python3" else a for a in argv]
+        start = time.monotonic()
+        done = await asyncio.to_thread(
+            subprocess.run, argv, input=stdin, capture_output=True, text=True, timeout=timeout
+        )
+        return CommandResult(
+            tuple(argv), done.returncode, done.stdout, done.stderr, time.monotonic() - start
+        )
+
+
+async def test_a_remote_syn_round_over_1000_live_nodes_answers_every_one(
+    listeners: list[socket.socket],
+) -> None:
+    prober = RemoteProber(SubprocessRunner())
+    results = await prober.probe(targets_of(listeners), 1.0)
+    assert prober.last_method == "syn"
+    silent = [r.node for r in results if not r.ok]
+    assert silent == [], f"{len(silent)} of {NODES} live nodes not answered"
