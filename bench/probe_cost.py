@@ -83,7 +83,7 @@ from relaunch.devstack.slurm import (  # noqa: E402
 )
 from relaunch.models.errors import RelaunchError  # noqa: E402
 
-MAX_NODES = 512
+MAX_NODES = 1024
 MAX_SECONDS = 3600
 ACCEPTED = "service_connection"  # one line per accepted connection that carried no message
 
