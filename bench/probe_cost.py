@@ -716,17 +716,21 @@ def report_scale(result: dict[str, Any], args: argparse.Namespace, started: str)
             f"{w.slurmd_accepted_per_s_per_node:.2f}{per_probe} | "
             f"{w.listeners_cpu_s_per_s * 100:.2f} |"
         )
+    beyond = (
+        f"and, beyond them, up to {result['simulated_max']} simulated nodes (plain TCP "
+        "listeners that accept and close, in a process of their own: bench/probe_listeners.py)"
+        if result["simulated_max"]
+        else "and no simulated node"
+    )
     lines = [
         f"# Probe cost at scale: one round at {sizes} nodes × {args.interval:g} s",
         "",
         f"Measured {started} by `python bench/probe_cost.py --sizes {sizes} --real {args.real} "
         f"--seconds {args.seconds:g}` on this machine ({os.cpu_count()} CPUs, shared with other "
         f"work): a private Slurm 22.05 with {result['real']} real `slurmd -N` daemons on "
-        f"127.0.0.1 and, beyond them, up to {result['simulated_max']} simulated nodes (plain TCP "
-        "listeners that accept and close, in a process of their own: "
-        "bench/probe_listeners.py); one LivenessMonitor over the first `size` nodes (real "
-        f"first), interval {args.interval:g} s, timeout {args.timeout:g} s, {args.seconds:g} s "
-        "per window.",
+        f"127.0.0.1 {beyond}; one LivenessMonitor over the first `size` nodes (real first), "
+        f"interval {args.interval:g} s, timeout {args.timeout:g} s, {args.seconds:g} s per "
+        "window.",
         "",
         *rows,
         "",
