@@ -115,3 +115,9 @@ clean: down
 .PHONY: bench-logs
 bench-logs: deps
 	$(PY) bench/log_io.py $(BENCH_ARGS)
+
+# One probe round at 64 to 1,000 nodes: 256 real slurmds, simulated ones beyond
+# (bench/results/probe_scale.md).
+.PHONY: bench-probe-scale
+bench-probe-scale: deps
+	$(PY) bench/probe_cost.py --sizes 64,256,500,1000 --real 256 --seconds 20

@@ -21,16 +21,28 @@ that is every 100 s at the default SlurmdTimeout=300 (the private cluster uses t
 
 Writes bench/results/probe_cost.json and probe_cost.md; tears the cluster down at the end, always.
 
+``--sizes 64,256,500,1000`` measures instead how one round grows with the number of nodes: one
+private Slurm with ``--real`` (default 256) real slurmds, and for the nodes beyond, simulated
+ones: plain TCP listeners that accept and close, in a process of their own
+(bench/probe_listeners.py, which says what they stand in for). For each size, a SYN and a
+connect window of ``--seconds``: round duration p50/p95/max, its spread (from the first probe
+of a round sent to the last: when the last node is looked at), the probing process's CPU
+share, probes/s, and per probed real slurmd connections/s and CPU; then a frozen and a killed
+slurmd among the largest size's nodes. Writes bench/results/probe_scale.json and .md.
+
 Usage:
     python bench/probe_cost.py [--nodes 64] [--seconds 60] [--interval 1.0] [--timeout 1.0]
+    python bench/probe_cost.py --sizes 64,256,500,1000 [--real 256] [--seconds 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -50,6 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
 from relaunch.connectors.liveness import (  # noqa: E402
+    MAX_TARGETS,
     ConnectProber,
     LivenessMonitor,
     Prober,
@@ -58,6 +71,7 @@ from relaunch.connectors.liveness import (  # noqa: E402
     SynProber,
     raw_sockets_permitted,
 )
+from relaunch.connectors.liveness.syn import _RawChannel  # noqa: E402
 from relaunch.devstack import procs  # noqa: E402
 from relaunch.devstack.slurm import (  # noqa: E402
     SlurmLayout,
@@ -69,7 +83,7 @@ from relaunch.devstack.slurm import (  # noqa: E402
 )
 from relaunch.models.errors import RelaunchError  # noqa: E402
 
-MAX_NODES = 512
+MAX_NODES = 1024
 MAX_SECONDS = 3600
 ACCEPTED = "service_connection"  # one line per accepted connection that carried no message
 
@@ -97,7 +111,7 @@ def slurm_layout(root: Path, nodes: int) -> SlurmLayout:
 
 
 def start_cluster(layout: SlurmLayout) -> None:
-    require_binaries()
+    require_binaries(layout)
     write_conf(layout)
     start_munge(layout)
     start_daemons(layout)
@@ -113,7 +127,10 @@ def nodes_idle(layout: SlurmLayout) -> int:
         timeout=20,
         check=False,
     )
-    return sum(1 for line in out.stdout.splitlines() if line.split()[-1:] == ["idle"])
+    # One line per node and partition (the dev cluster has two): count the nodes.
+    return len(
+        {line.split()[0] for line in out.stdout.splitlines() if line.split()[1:] == ["idle"]}
+    )
 
 
 def stop_cluster(root: Path, layout: SlurmLayout) -> int:
@@ -168,7 +185,7 @@ def _passive_opens() -> int:
 
 
 def snapshot(layout: SlurmLayout, pids: dict[str, int | None], ctld: int | None) -> Snapshot:
-    counts = {node: _count(layout.node_log(node)) for node in layout.nodes}
+    counts = {node: _count(layout.node_log(node)) for node in pids}
     slurmd_cpu = sum(_cpu(pid) for pid in pids.values())
     slurmctld_cpu = _cpu(ctld)
     passive_opens = _passive_opens()
@@ -183,13 +200,68 @@ def snapshot(layout: SlurmLayout, pids: dict[str, int | None], ctld: int | None)
     )
 
 
+Mark = tuple[float, float | None]  # a probe's monotonic send time and answer time (None: none)
+
+
+class MarkedSyn(SynProber):
+    """``SynProber`` that notes when each probe was sent and answered (the round's spread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[tuple[float, asyncio.Future[tuple[str, float]]]] = []
+
+    def _send(
+        self,
+        channel: _RawChannel,
+        address: str,
+        port: int,
+        used: list[tuple[_RawChannel, tuple[bytes, int]]],
+    ) -> asyncio.Future[tuple[str, float]]:
+        sent = time.monotonic()
+        fut = super()._send(channel, address, port, used)
+        self.marks.append((sent, fut))
+        return fut
+
+    def take_marks(self) -> list[Mark]:
+        out: list[Mark] = []
+        for sent, fut in self.marks:
+            answered = None
+            if fut.done() and not fut.cancelled() and fut.result()[0] == "answered":
+                answered = sent + fut.result()[1]
+            out.append((sent, answered))
+        self.marks = []
+        return out
+
+
+class MarkedConnect(ConnectProber):
+    """``ConnectProber`` that notes when each probe was sent and answered."""
+
+    def __init__(self) -> None:
+        self.marks: list[Mark] = []
+
+    async def _one(self, target: ProbeTarget, timeout_s: float) -> ProbeResult:
+        sent = time.monotonic()
+        result = await super()._one(target, timeout_s)
+        self.marks.append((sent, sent + result.took_s if result.ok else None))
+        return result
+
+    def take_marks(self) -> list[Mark]:
+        out, self.marks = self.marks, []
+        return out
+
+
 class TimedProber:
-    """Passes rounds to ``inner`` and keeps each round's duration and outcome counts."""
+    """Passes rounds to ``inner`` and keeps each round's duration and outcome counts, and, for
+    the marked probers, each round's spread: from its first probe sent to its last (when the
+    last node is looked at; on loopback a probe lands within microseconds of being sent) and
+    from its first probe sent to its last answer."""
 
     def __init__(self, inner: Prober) -> None:
         self.inner = inner
         self.method = inner.method
         self.durations: list[float] = []
+        self.spreads: list[float] = []
+        self.last_answers: list[float] = []
         self.details: dict[str, int] = {}
 
     async def probe(self, targets: Sequence[ProbeTarget], timeout_s: float) -> list[ProbeResult]:
@@ -198,6 +270,14 @@ class TimedProber:
         self.durations.append(time.perf_counter() - start)
         for r in results:
             self.details[r.detail] = self.details.get(r.detail, 0) + 1
+        take = getattr(self.inner, "take_marks", None)
+        marks: list[Mark] = take() if take is not None else []
+        if marks:
+            first = min(sent for sent, _ in marks)
+            self.spreads.append(max(sent for sent, _ in marks) - first)
+            answers = [a for _, a in marks if a is not None]
+            if answers:
+                self.last_answers.append(max(answers) - first)
         return results
 
     async def close(self) -> None:
@@ -224,6 +304,15 @@ class Window:
     slurmctld_cpu_s_per_s: float
     host_passive_opens_per_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    method: str = ""
+    real_nodes: int = 0  # probed nodes that are real slurmds
+    simulated_nodes: int = 0  # probed nodes that are plain listeners (bench/probe_listeners.py)
+    round_max_ms: float = 0.0
+    spread_p50_ms: float = 0.0  # first probe sent to last probe sent, per round
+    spread_p95_ms: float = 0.0
+    spread_max_ms: float = 0.0
+    last_answer_p95_ms: float = 0.0  # first probe sent to last answer, per round
+    listeners_cpu_s_per_s: float = 0.0  # the simulated nodes' process
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -239,11 +328,17 @@ async def measure(
     targets: list[ProbeTarget],
     prober: Prober | None,
     args: argparse.Namespace,
+    probed: list[str] | None = None,
+    listeners: int | None = None,
 ) -> Window:
-    pids = {node: slurmd_pid(layout, node) for node in layout.nodes}
+    """One window. Per-slurmd figures are over ``probed`` (the real nodes among the targets;
+    all of the cluster's by default); ``listeners`` is the simulated nodes' process."""
+    real = list(layout.nodes if probed is None else probed)
+    pids = {node: slurmd_pid(layout, node) for node in real}
     ctld = procs.read_pid(layout.root / "run" / "slurmctld.pid")
     timed = TimedProber(prober) if prober is not None else None
     monitor = None
+    listeners_before = _cpu(listeners)
     before = snapshot(layout, pids, ctld)
     if timed is not None:
         monitor = LivenessMonitor(timed, interval_s=args.interval, timeout_s=args.timeout)
@@ -258,18 +353,29 @@ async def measure(
         await asyncio.sleep(args.seconds)
     span = time.monotonic() - before.wall
     probe_cpu = time.process_time() - before.cpu
+    listeners_cpu = _cpu(listeners) - listeners_before
     # slurmd writes its log line after the connection closes; let the last ones land.
     await asyncio.sleep(0.5)
     after = snapshot(layout, pids, ctld)
-    n = len(layout.nodes)
-    accepted = {node: after.accepted[node] - before.accepted[node] for node in layout.nodes}
-    lines = sum(after.log_lines[node] - before.log_lines[node] for node in layout.nodes)
+    n = len(real)
+    accepted = {node: after.accepted[node] - before.accepted[node] for node in real}
+    lines = sum(after.log_lines[node] - before.log_lines[node] for node in real)
     durations = timed.durations if timed else []
+    spreads = timed.spreads if timed else []
     stats = monitor.stats if monitor else None
     return Window(
         name=name,
         seconds=round(span, 2),
-        nodes=n,
+        nodes=len(targets) if prober is not None else n,
+        method=prober.method if prober is not None else "",
+        real_nodes=n,
+        simulated_nodes=(len(targets) - n) if prober is not None else 0,
+        round_max_ms=max(durations, default=0.0) * 1000,
+        spread_p50_ms=statistics.median(spreads) * 1000 if spreads else 0.0,
+        spread_p95_ms=_pct(spreads, 0.95) * 1000,
+        spread_max_ms=max(spreads, default=0.0) * 1000,
+        last_answer_p95_ms=_pct(timed.last_answers if timed else [], 0.95) * 1000,
+        listeners_cpu_s_per_s=listeners_cpu / span,
         probe_cpu_s_per_s=probe_cpu / span,
         probes_per_s=(stats.probes / span) if stats else 0.0,
         rounds=stats.rounds if stats else 0,
@@ -433,6 +539,256 @@ def report(
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------- scale (--sizes)
+
+MAX_SIZES = 8
+LISTENERS = ROOT / "bench" / "probe_listeners.py"
+
+
+def start_listeners(count: int) -> tuple[subprocess.Popen[str], list[int]]:
+    """The simulated nodes: bench/probe_listeners.py in its own process, and their ports. It
+    exits when its stdin closes, so it never outlives this process."""
+    proc = subprocess.Popen(
+        [sys.executable, str(LISTENERS), str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise RelaunchError(f"the simulated nodes' process exited ({proc.returncode})")
+    return proc, [int(port) for port in json.loads(line)["ports"]]
+
+
+def stop_listeners(proc: subprocess.Popen[str]) -> None:
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def slurmd_memory(layout: SlurmLayout, available_before: int) -> dict[str, Any]:
+    """What the real slurmds hold: mean RSS, USS and PSS per slurmd (psutil), slurmctld's RSS,
+    and the drop in the host's available memory since before the cluster started, per slurmd
+    (it counts slurmctld, munged and the kernel's share, and anything else the host did)."""
+    rss, uss, pss = [], [], []
+    for node in layout.nodes:
+        pid = slurmd_pid(layout, node)
+        if pid is None:
+            continue
+        try:
+            info = psutil.Process(pid).memory_full_info()
+        except psutil.Error:
+            continue
+        rss.append(info.rss)
+        uss.append(info.uss)
+        pss.append(getattr(info, "pss", 0))
+    ctld = procs.read_pid(layout.root / "run" / "slurmctld.pid")
+    ctld_rss = 0
+    if ctld is not None:
+        with contextlib.suppress(psutil.Error):
+            ctld_rss = psutil.Process(ctld).memory_info().rss
+    n = max(len(rss), 1)
+    mib = 1024 * 1024
+    dropped = available_before - psutil.virtual_memory().available
+    return {
+        "slurmds": len(rss),
+        "rss_mib_per_slurmd": round(sum(rss) / n / mib, 2),
+        "uss_mib_per_slurmd": round(sum(uss) / n / mib, 2),
+        "pss_mib_per_slurmd": round(sum(pss) / n / mib, 2),
+        "slurmctld_rss_mib": round(ctld_rss / mib, 1),
+        "host_available_drop_mib_per_slurmd": round(dropped / n / mib, 2),
+        "host_total_gib": round(psutil.virtual_memory().total / mib / 1024, 1),
+        "host_available_gib": round(psutil.virtual_memory().available / mib / 1024, 1),
+    }
+
+
+def raise_open_files(need: int) -> None:
+    """Lift this process's soft open-file limit to ``need`` (its children inherit it): a
+    connect round holds one socket per node, the simulated nodes one listener each."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise RelaunchError(f"the open-file limit ({hard}) is below the {need} this run needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+async def run_scale(args: argparse.Namespace) -> dict[str, Any]:
+    sizes: list[int] = args.sizes
+    real = min(max(sizes), args.real)
+    simulated = max(sizes) - real
+    raise_open_files(2 * max(sizes) + 1024)
+    work = Path(tempfile.mkdtemp(prefix="relaunch-probe-scale-"))
+    layout = slurm_layout(work, real)
+    listeners: subprocess.Popen[str] | None = None
+    windows: list[Window] = []
+    out: dict[str, Any] = {"real": real, "simulated_max": simulated}
+    try:
+        available = psutil.virtual_memory().available
+        log(f"starting a private Slurm: munged, slurmctld, {real} slurmd under {work}")
+        t0 = time.monotonic()
+        await asyncio.to_thread(start_cluster, layout)
+        out["cluster_start_s"] = round(time.monotonic() - t0, 1)
+        log(f"{real} nodes idle after {out['cluster_start_s']}s; settling 5s")
+        await asyncio.sleep(5)
+        out["memory"] = slurmd_memory(layout, available)
+        log(f"  memory: {out['memory']}")
+        real_targets = [
+            ProbeTarget(node, "127.0.0.1", port)
+            for node, port in zip(layout.nodes, layout.slurmd_ports, strict=True)
+        ]
+        sim_targets: list[ProbeTarget] = []
+        if simulated:
+            proc, ports = await asyncio.to_thread(start_listeners, simulated)
+            listeners = proc
+            sim_targets = [ProbeTarget(f"sim{i}", "127.0.0.1", p) for i, p in enumerate(ports, 1)]
+            log(f"{simulated} simulated nodes (listeners) in process {proc.pid}")
+        pid = listeners.pid if listeners else None
+        log(f"window idle: {args.seconds:g}s")
+        windows.append(await measure("idle", layout, real_targets, None, args, None, pid))
+        for size in sizes:
+            n_real = min(size, real)
+            targets = real_targets[:n_real] + sim_targets[: size - n_real]
+            plan: list[Prober] = [MarkedSyn()] if raw_sockets_permitted() else []
+            plan.append(MarkedConnect())
+            for prober in plan:
+                name = f"{prober.method}@{size}"
+                log(f"window {name} ({n_real} real, {size - n_real} simulated): {args.seconds:g}s")
+                w = await measure(name, layout, targets, prober, args, layout.nodes[:n_real], pid)
+                windows.append(w)
+                log(
+                    f"  {name}: round p50 {w.round_p50_ms:.1f} p95 {w.round_p95_ms:.1f} max "
+                    f"{w.round_max_ms:.1f} ms, spread p50 {w.spread_p50_ms:.1f} p95 "
+                    f"{w.spread_p95_ms:.1f} ms, CPU {w.probe_cpu_s_per_s * 100:.2f}%, "
+                    f"{w.probes_per_s:.0f} probes/s, outcomes {w.outcomes}"
+                )
+        if raw_sockets_permitted() and len(real_targets) >= 2:
+            largest = real_targets + sim_targets
+            log(f"frozen (SIGSTOP) and killed (SIGKILL) slurmd among {len(largest)} nodes")
+            out["checks"] = await semantics(layout, largest)
+            out["checks_nodes"] = len(largest)
+            log(f"  {out['checks']}")
+    finally:
+        if listeners is not None:
+            stop_listeners(listeners)
+        log("tearing the private Slurm down")
+        try:
+            stopped = await asyncio.to_thread(stop_cluster, work, layout)
+            log(f"stopped {stopped} processes")
+        finally:
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+    out["windows"] = windows
+    return out
+
+
+def report_scale(result: dict[str, Any], args: argparse.Namespace, started: str) -> str:
+    windows: list[Window] = result["windows"]
+    mem = result.get("memory", {})
+    idle = next((w for w in windows if w.name == "idle"), None)
+    idle_cpu = idle.slurmd_cpu_s_per_s_per_node if idle else 0.0
+    sizes = ",".join(str(n) for n in args.sizes)
+    rows = [
+        "| size | real | simulated | probe | round p50 / p95 / max (ms) | spread p50 / p95 (ms) "
+        "| last answer p95 (ms) | probe CPU % | probes/s | failed | per real slurmd: conns/s, "
+        "CPU µs/probe | listeners CPU % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w in windows:
+        if not w.method:
+            continue
+        failed = sum(c for d, c in w.outcomes.items() if d != "answered") + w.errors
+        per_probe = ""
+        if w.slurmd_accepted_per_s_per_node > 0:
+            extra = w.slurmd_cpu_s_per_s_per_node - idle_cpu
+            per_probe = f", {extra / w.slurmd_accepted_per_s_per_node * 1e6:.0f}"
+        rows.append(
+            f"| {w.nodes} | {w.real_nodes} | {w.simulated_nodes} | {w.method} | "
+            f"{w.round_p50_ms:.1f} / {w.round_p95_ms:.1f} / {w.round_max_ms:.1f} | "
+            f"{w.spread_p50_ms:.1f} / {w.spread_p95_ms:.1f} | {w.last_answer_p95_ms:.1f} | "
+            f"{w.probe_cpu_s_per_s * 100:.2f} | {w.probes_per_s:.0f} | {failed} | "
+            f"{w.slurmd_accepted_per_s_per_node:.2f}{per_probe} | "
+            f"{w.listeners_cpu_s_per_s * 100:.2f} |"
+        )
+    beyond = (
+        f"and, beyond them, up to {result['simulated_max']} simulated nodes (plain TCP "
+        "listeners that accept and close, in a process of their own: bench/probe_listeners.py)"
+        if result["simulated_max"]
+        else "and no simulated node"
+    )
+    lines = [
+        f"# Probe cost at scale: one round at {sizes} nodes × {args.interval:g} s",
+        "",
+        f"Measured {started} by `python bench/probe_cost.py --sizes {sizes} --real {args.real} "
+        f"--seconds {args.seconds:g}` on this machine ({os.cpu_count()} CPUs, shared with other "
+        f"work): a private Slurm 22.05 with {result['real']} real `slurmd -N` daemons on "
+        f"127.0.0.1 {beyond}; one LivenessMonitor over the first `size` nodes (real first), "
+        f"interval {args.interval:g} s, timeout {args.timeout:g} s, {args.seconds:g} s per "
+        "window.",
+        "",
+        *rows,
+        "",
+        "- **round**: one `probe()` call over every node (the monitor's round); **spread**: "
+        "from the round's first probe sent to its last (on loopback a probe lands within "
+        "microseconds: the last node is looked at this much later than the first); **last "
+        "answer**: from the first probe sent to the last answer. **probe CPU %**: the probing "
+        "process's CPU time over the window (event loop, monitor, building the SYNs in Python). "
+        "**per real slurmd**: connections each probed slurmd accepted per second (its log) and "
+        "its CPU per probe above idle (clock ticks: coarse at 20 s); a SYN probe never reaches "
+        "slurmd. **failed**: probes that were not answered, over the window.",
+    ]
+    if mem:
+        lines += [
+            "",
+            "## What a real slurmd holds",
+            "",
+            f"{mem['slurmds']} `slurmd -N` daemons started in {result.get('cluster_start_s')} s: "
+            f"per slurmd RSS {mem['rss_mib_per_slurmd']} MiB, USS {mem['uss_mib_per_slurmd']} "
+            f"MiB, PSS {mem['pss_mib_per_slurmd']} MiB; the host's available memory fell by "
+            f"{mem['host_available_drop_mib_per_slurmd']} MiB per slurmd (slurmctld "
+            f"{mem['slurmctld_rss_mib']} MiB RSS included; other work on the host moves it "
+            f"too). Host: {mem['host_total_gib']} GiB, {mem['host_available_gib']} GiB "
+            "available with the cluster up.",
+        ]
+    checks = result.get("checks") or {}
+    frozen, killed = checks.get("frozen_slurmd"), checks.get("killed_slurmd")
+    if frozen or killed:
+        lines += [
+            "",
+            f"## A frozen and a killed slurmd among {result.get('checks_nodes')} nodes",
+            "",
+        ]
+    if frozen:
+        lines.append(
+            f"- slurmd SIGSTOPped: SYN probes {frozen['syn']}, connect {frozen['connect']}."
+        )
+    if killed:
+        lines.append(
+            f"- slurmd SIGKILLed: unreachable ({killed['detail']}) "
+            f"{killed['unreachable_after_s']} s after the kill (SYN, 1 s, failures=3); other "
+            f"nodes called unreachable: {killed['others_unreachable'] or 'none'}."
+        )
+    lines += [
+        "",
+        "What the simulated nodes stand for: to a SYN probe a listening socket is all there is "
+        "to a slurmd (its kernel answers, the process never sees it), so those rows are the "
+        "real protocol. To a connect probe they are the real TCP handshake and close, but "
+        "slurmd also reads the empty connection and logs two lines; only the real slurmds' "
+        "column says what a probe costs a node. Relaunch has no authenticated (munge RPC) "
+        "probe; one would cost both sides more and is not measured.",
+        "",
+        "Raw numbers: [probe_scale.json](probe_scale.json).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------- main
 
 
@@ -453,10 +809,10 @@ async def run(args: argparse.Namespace) -> tuple[list[Window], dict[str, Any]]:
         ]
         plan: list[tuple[str, Prober | None]] = [("idle", None)]
         if raw_sockets_permitted():
-            plan.append(("syn", SynProber()))
+            plan.append(("syn", MarkedSyn()))
         else:
             log("raw sockets are not permitted: the SYN window is skipped (run as root)")
-        plan.append(("connect", ConnectProber()))
+        plan.append(("connect", MarkedConnect()))
         for name, prober in plan:
             log(f"window {name}: {args.seconds:g}s")
             w = await measure(name, layout, targets, prober, args)
@@ -491,17 +847,69 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--keep", action="store_true", help="keep the cluster's files (logs)")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="comma-separated node counts (e.g. 64,256,500,1000): measure one round at each, "
+        "with --real real slurmds and simulated nodes beyond; writes probe_scale.json/.md",
+    )
+    p.add_argument(
+        "--real",
+        type=int,
+        default=256,
+        help="with --sizes: how many real slurmds to start (default 256)",
+    )
     args = p.parse_args(argv)
     if not 1 <= args.nodes <= MAX_NODES:
         p.error(f"--nodes must be 1..{MAX_NODES}")
+    if not 1 <= args.real <= MAX_NODES:
+        p.error(f"--real must be 1..{MAX_NODES}")
     if not 1 <= args.seconds <= MAX_SECONDS:
         p.error(f"--seconds must be 1..{MAX_SECONDS}")
     return args
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of node counts: {text!r}") from None
+    if not 1 <= len(sizes) <= MAX_SIZES or not all(2 <= n <= MAX_TARGETS for n in sizes):
+        raise argparse.ArgumentTypeError(
+            f"1 to {MAX_SIZES} node counts, each 2..{MAX_TARGETS}: {text!r}"
+        )
+    return sorted(set(sizes))
+
+
+def main_scale(args: argparse.Namespace, started: str) -> int:
+    try:
+        result = asyncio.run(run_scale(args))
+    except RelaunchError as exc:
+        print(f"probe_cost: {exc}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "started": started,
+        "sizes": args.sizes,
+        "seconds": args.seconds,
+        "interval_s": args.interval,
+        "timeout_s": args.timeout,
+        **{k: v for k, v in result.items() if k != "windows"},
+        "windows": [asdict(w) for w in result["windows"]],
+    }
+    (args.out / "probe_scale.json").write_text(json.dumps(data, indent=2) + "\n")
+    text = report_scale(result, args, started)
+    (args.out / "probe_scale.md").write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    if args.sizes:
+        return main_scale(args, started)
     try:
         windows, checks = asyncio.run(run(args))
     except RelaunchError as exc:

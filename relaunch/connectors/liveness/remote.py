@@ -63,9 +63,13 @@ def _connect_one(host, port, deadline):
 
 
 def _syn_send(raw, port, targets, start, details):
-    """Send the SYN probes of the IPv4 targets: (probes waiting, targets left to connect to)."""
+    """Send the SYN probes of the IPv4 targets: (probes waiting, targets left to connect to).
+    Reads the answers every 32 sends: those that arrive while it still sends would overflow
+    the raw socket's receive buffer (about 380 at the default 208 KiB)."""
     pending, rest = {}, []
-    for node, host, dport in targets:
+    for sent, (node, host, dport) in enumerate(targets, 1):
+        if sent % 32 == 0:
+            _syn_read(raw, port, pending, start, details)
         try:
             addr = socket.getaddrinfo(host, dport, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
         except OSError:
@@ -83,26 +87,31 @@ def _syn_send(raw, port, targets, start, details):
     return pending, rest
 
 
+def _syn_read(raw, port, pending, start, details):
+    """Read the answers the raw socket holds now (at most 1,024 packets)."""
+    for _ in range(1024):
+        try:
+            packet = raw.recv(65535)
+        except OSError:
+            break
+        parsed = parse_reply(packet, True)
+        if parsed is None:
+            continue
+        src, sport, dport, ack, flags = parsed
+        outcome = classify(flags)
+        waiting = pending.get((src, sport))
+        if dport != port or outcome is None or waiting is None:
+            continue
+        if any(ack == (seq + 1) & 0xFFFFFFFF for _, seq in waiting):
+            for node, _ in pending.pop((src, sport)):
+                details[node] = (outcome, time.monotonic() - start)
+
+
 def _syn_wait(raw, port, pending, start, deadline, details):
     while pending and time.monotonic() < deadline:
         if not select.select([raw], [], [], max(0.0, deadline - time.monotonic()))[0]:
             break
-        for _ in range(1024):
-            try:
-                packet = raw.recv(65535)
-            except OSError:
-                break
-            parsed = parse_reply(packet, True)
-            if parsed is None:
-                continue
-            src, sport, dport, ack, flags = parsed
-            outcome = classify(flags)
-            waiting = pending.get((src, sport))
-            if dport != port or outcome is None or waiting is None:
-                continue
-            if any(ack == (seq + 1) & 0xFFFFFFFF for _, seq in waiting):
-                for node, _ in pending.pop((src, sport)):
-                    details[node] = (outcome, time.monotonic() - start)
+        _syn_read(raw, port, pending, start, details)
 
 
 def _main(targets, timeout_s):
