@@ -190,7 +190,8 @@ async def bench(args: argparse.Namespace) -> None:
                 burst = await scale.burst(sc, audit, burst_n, 240 if args.quick else 600)
                 shown = {k: v for k, v in burst.items() if "samples" not in k}
                 log(f"burst: {json.dumps(shown)}")
-                cost = await scale.watcher_cost(sc, held_n, 10, curve[-1]["submit_s"])
+                quiet_at = time.monotonic() + WatchSettings().busy_s + 5
+                cost = await scale.watcher_cost(sc, held_n, 10, curve[-1]["submit_s"], quiet_at)
                 cost["curve"] = curve
                 log(f"watcher cost: {json.dumps(cost)}")
             except RelaunchError as exc:
@@ -277,7 +278,8 @@ async def one_burst(
             shown = {k: v for k, v in out["burst"].items() if "samples" not in k}
             log(f"burst: {json.dumps(shown, default=str)}")
             if held:
-                out["cost"] = await scale.watcher_cost(sc, held, 10, submit_s)
+                quiet_at = time.monotonic() + WatchSettings().busy_s + 5
+                out["cost"] = await scale.watcher_cost(sc, held, 10, submit_s, quiet_at)
                 log(f"watcher cost: {json.dumps(out['cost'])}")
         finally:
             await audit.close()

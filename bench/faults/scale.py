@@ -827,9 +827,13 @@ async def cost_curve(bs: BenchStack, held: int) -> list[dict[str, Any]]:
     return curve
 
 
-async def watcher_cost(bs: BenchStack, n: int, polls: int, submit_s: float) -> dict[str, Any]:
+async def watcher_cost(
+    bs: BenchStack, n: int, polls: int, submit_s: float, quiet_at: float | None = None
+) -> dict[str, Any]:
     """With ``n`` held, opted-in jobs in the queue: time Watcher.poll_once and its two reads,
-    and the real watcher process's CPU and slurmctld's RPCs while it watches."""
+    and the real watcher process's CPU and slurmctld's RPCs while it watches. With
+    ``quiet_at`` (monotonic: the burst's end plus the watcher's busy time), the window starts
+    no sooner: what the watcher costs while nothing happens, not while it follows recoveries."""
     sched = bs.sched()
     records = len(await sched.list_jobs())
     log(f"scale: {n} held jobs submitted in {submit_s:.0f}s; squeue holds {records} records")
@@ -860,6 +864,10 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int, submit_s: float) -> d
     jobs_json = [await timed(sched.list_jobs) for _ in range(polls)]
     nodes = [await timed(sched.list_nodes) for _ in range(polls)]
     real = Sampler(bs.procs["watch"].pid)
+    waited = max(0.0, (quiet_at or 0.0) - time.monotonic())
+    if waited:
+        log(f"scale: waiting {waited:.0f}s for the watcher to be quiet (busy_s after the burst)")
+        await asyncio.sleep(waited)
     rpcs_before, began = sdiag_rpcs(bs), time.monotonic()
     real.start()
     # Long enough for a few of the watcher's job listings (every 14 s at 10,000 jobs, at least
@@ -888,6 +896,7 @@ async def watcher_cost(bs: BenchStack, n: int, polls: int, submit_s: float) -> d
         "slurmctld_rpcs_per_s": rpcs["total"],
         "slurmctld_rpcs_by_type": rpcs["by_type"],
         "window_s": window_s,
+        "quiet_wait_s": waited,
         "polls": polls,
     }
 
