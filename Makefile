@@ -109,3 +109,9 @@ status: deps
 
 clean: down
 	rm -rf .relaunch
+
+# Each way to list jobs at 10,000 held jobs on Slurm 22.05 and 24.11: wall, client CPU, bytes,
+# slurmctld's RPCs by type per call (bench/results/listing_cost.md; docs/scale.md "Listing").
+.PHONY: bench-listing
+bench-listing: deps
+	$(PY) bench/listing_cost.py $(BENCH_ARGS)
