@@ -289,17 +289,22 @@ class Lab:
         return f"http://localhost/slurm/{RESTD_VERSION[self.release]}/jobs{query}"
 
     async def rest_get(self, query: str = "") -> tuple[dict[str, Any], int]:
+        """slurmrestd's answer and its size in bytes. An empty body (22.05's answer to an
+        unchanged ``update_time``) reads as ``{"http_status": code}``: no jobs."""
         argv = [
-            "curl", "-sS", "--max-time", "60", "--unix-socket",
+            "curl", "-sS", "--max-time", "60", "-w", "\n%{http_code}", "--unix-socket",
             str(self.bs.s.slurm.restd_socket), self.rest_url(query),
         ]  # fmt: skip
         rc, out, err = await self.exec(argv)
         if rc != 0:
             raise BenchError(f"curl: rc {rc}: {err.decode()[-300:]}")
+        body, _, code = out.rpartition(b"\n")
+        if not body.strip():
+            return {"http_status": int(code or 0)}, 0
         try:
-            return json.loads(out), len(out)
+            return json.loads(body), len(body)
         except ValueError as exc:
-            raise BenchError(f"slurmrestd answered no JSON: {out[:200]!r}") from exc
+            raise BenchError(f"slurmrestd answered no JSON ({code!r}): {body[:200]!r}") from exc
 
     def rest_variant(self, since: Callable[[], int | None]) -> Callable[[], Awaitable[Call]]:
         async def run() -> Call:
@@ -312,6 +317,8 @@ class Lab:
             jobs = data.get("jobs") or []
             errors = data.get("errors") or []
             note = "; ".join(str(e.get("error") or e.get("description") or e) for e in errors)
+            if "http_status" in data:
+                note = f"HTTP {data['http_status']}, empty body"
             return Call(wall, c1 - c0, 0.0, size, len(jobs), note[:200])
 
         return run
@@ -522,6 +529,8 @@ def table(size: dict[str, Any]) -> list[str]:
         types = ", ".join(
             f"{k.removeprefix('REQUEST_')} {c:g}" for k, c in v["rpcs_per_call"].items()
         )
+        if v.get("note"):
+            types += f"; {v['note'][:100]}"
         if v.get("slurmrestd_cpu_ms_per_call"):
             types += f" (slurmrestd CPU {v['slurmrestd_cpu_ms_per_call']:g} ms)"
         rows.append(f"| {key}: {v['what']} | " + " | ".join(cells) + f" | {types or '–'} |")
