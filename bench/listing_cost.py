@@ -20,8 +20,9 @@ Variants: a) ``SlurmCli.list_jobs_brief`` (the watcher today: squeue text, parse
 ``SlurmCli.list_jobs`` (squeue --json); c) squeue text with a narrow ``--states``; d) on 24.11,
 ``squeue --only-job-state`` (REQUEST_JOB_STATE), with and without ``--states``; e) slurmrestd's
 ``GET .../jobs`` in full and with ``update_time`` (Slurm's "no change since" answer); f) the node
-listings (sinfo --json, scontrol show nodes --json); and plain squeue invocations, to see which
-ask slurmctld for the partitions too.
+listings (sinfo --json, scontrol show nodes --json); g) squeue text for named jobs (``-j``: one,
+and the running ones; on 24.11 with ``--only-job-state`` too); and plain squeue invocations, to
+see which ask slurmctld for the partitions too.
 
 Also for slurmrestd: how often, polling once a second with the previous answer's
 ``last_update``, the answer is "no change" on a quiet queue, and with one job changed each
@@ -182,6 +183,7 @@ class Lab:
         self.reps = reps
         self.env = {**os.environ, **bs.s.slurm_env}
         self.sched = bs.sched()
+        self.running: list[str] = []  # the running jobs' ids
 
     # ---------------------------------------------------------------- plumbing
 
@@ -381,8 +383,19 @@ async def variants(lab: Lab, since: dict[str, int | None]) -> list[Variant]:
         Variant("c_not_pending", "squeue text --states=<every state but PENDING>",
                 lab.command([*BRIEF, f"--states={NOT_PENDING_STATES}"])),
     ]  # fmt: skip
+    watched = ",".join(lab.running)
+    out += [
+        Variant("g_one_job", "squeue text -j <one running job>",
+                lab.command([*BRIEF, "--states=all", f"--jobs={lab.running[0]}"])),
+        Variant("g_watched_jobs", f"squeue text -j <the {len(lab.running)} running jobs>",
+                lab.command([*BRIEF, "--states=all", f"--jobs={watched}"])),
+    ]  # fmt: skip
     if newer:
         out += [
+            Variant("d_job_state_watched",
+                    f"squeue --only-job-state -j <the {len(lab.running)} running jobs>",
+                    lab.command(["squeue", "--only-job-state", "--noheader", "--states=all",
+                                 f"--jobs={watched}"])),
             Variant("d_job_state", "squeue --only-job-state --states=all",
                     lab.command(["squeue", "--only-job-state", "--noheader", "--states=all"])),
             Variant("d_job_state_running", f"squeue --only-job-state --states={RUNNING_STATES}",
@@ -472,6 +485,7 @@ async def one_release(release: str, sizes: list[int], reps: int, work: Path) -> 
             RUNNING_JOBS,
             ["--comment=relaunch=on", "--output=/dev/null", "--wrap", "sleep 3600"],
         )
+        lab.running = sorted(running, key=int)
         held_args = ["--hold", "--comment=relaunch=on", "--job-name=held", "--output=/dev/null",
                      "--wrap", "true"]  # fmt: skip
         held: list[str] = []
