@@ -121,3 +121,9 @@ bench-logs: deps
 .PHONY: bench-probe-scale
 bench-probe-scale: deps
 	$(PY) bench/probe_cost.py --sizes 64,256,500,1000 --real 256 --seconds 20
+
+# Each way to list jobs at 10,000 held jobs on Slurm 22.05 and 24.11: wall, client CPU, bytes,
+# slurmctld's RPCs by type per call (bench/results/listing_cost.md; docs/scale.md "Listing").
+.PHONY: bench-listing
+bench-listing: deps
+	$(PY) bench/listing_cost.py $(BENCH_ARGS)
