@@ -52,9 +52,10 @@ typecheck: deps
 
 # The fault-injection benchmark (bench/faults): every fault class against Slurm on its own,
 # a burst of interruptions, the watcher's cost; writes bench/results/REPORT.md and PNGs.
+# The watcher's cost grows with a queue of 1,000 → 10,000 → 50,000 held jobs (docs/scale.md).
 bench: deps
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[bench]'
-	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) bench/run.py --held 50000 $(BENCH_ARGS)
 
 bench-quick: BENCH_ARGS = --quick
 bench-quick: bench

@@ -271,7 +271,13 @@ async def one_burst(
         await sc.up()
         audit = await AuditStore.open(sc.s.database_url)
         try:
-            submit_s = await scale.submit_held(sc, held) if held else 0.0
+            curve: list[dict[str, Any]] = []
+            if held and getattr(args, "curve", False):
+                # The queue grown 1,000 → ``held`` first, the watcher's cost at each size.
+                curve = await scale.cost_curve(sc, held)
+                submit_s = sum(point["submit_s"] for point in curve)
+            else:
+                submit_s = await scale.submit_held(sc, held) if held else 0.0
             out["burst"] = await scale.burst(
                 sc, audit, args.burst, 600, variant=variant, kill_after=args.kill_after
             )
@@ -279,7 +285,10 @@ async def one_burst(
             log(f"burst: {json.dumps(shown, default=str)}")
             if held:
                 quiet_at = time.monotonic() + WatchSettings().busy_s + 5
-                out["cost"] = await scale.watcher_cost(sc, held, 10, submit_s, quiet_at)
+                polls = 3 if curve else 10  # at 50,000 jobs one JSON listing takes ~10 s
+                out["cost"] = await scale.watcher_cost(sc, held, polls, submit_s, quiet_at)
+                if curve:
+                    out["cost"]["curve"] = curve
                 log(f"watcher cost: {json.dumps(out['cost'])}")
         finally:
             await audit.close()
@@ -392,6 +401,12 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=20, help="class runs in a full run (default 20)")
     p.add_argument("--burst", type=int, default=500, help="burst size (default 500)")
     p.add_argument("--held", type=int, default=10_000, help="held jobs for the watcher's cost")
+    p.add_argument(
+        "--curve",
+        action="store_true",
+        help="with --scale-only: grow the queue 1,000 → 10,000 → 50,000 (up to --held) and "
+        "measure the watcher's cost at each size before the burst (make bench always does)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument(
         "--results",
