@@ -270,6 +270,9 @@ class Watcher:
         self._nodes: dict[str, NodeFeed] = {}
         self._last_nodes: dict[str, Node] = {}  # the last node listing (watch_cadence.py)
         self._running = 0  # watched jobs RUNNING at the last pass
+        # The watched jobs that ran or run (not the thousands that wait): what the log passes,
+        # the active listing and the loop look at, not every watched job each time.
+        self._readable: dict[str, JobWatch] = {}
         self._active_listing = hasattr(scheduler, "list_active_jobs")
         self._drains = ExternalDrains(config.cluster, on_external_drains)
         self._catch_up = catch_up  # job ends missed while not looking: watch_catchup.py
@@ -306,6 +309,11 @@ class Watcher:
         found = await self._pass_over(jobs, started, now)
         for gone in set(self._jobs) - {job.job_id for job in jobs}:
             del self._jobs[gone]
+        self._readable = {
+            job_id: w
+            for job_id, w in self._jobs.items()
+            if w.job.state is not JobState.PENDING or w.logs
+        }
         self._count_running()
         in_use = {node for watch in self._jobs.values() for node in watch.job.nodes}
         for idle in set(self._nodes) - in_use:
@@ -336,7 +344,7 @@ class Watcher:
         listed = {job.job_id for job in active}
         left = [
             w.job.job_id
-            for job_id, w in self._jobs.items()
+            for job_id, w in self._readable.items()
             if job_id not in listed and w.job.state is not JobState.PENDING
         ]
         if left:
@@ -355,7 +363,7 @@ class Watcher:
         a pass over the jobs of the last listing with their fresh states (a node down, a
         drain someone made, a node a recovery waits to see drained)."""
         started = time.monotonic()
-        jobs = [w.job for w in self._jobs.values() if w.job.state is not JobState.PENDING]
+        jobs = [w.job for w in self._readable.values() if w.job.state is not JobState.PENDING]
         found = await self._pass_over(jobs, started, None)
         self.stats.node_polls += 1
         self.stats.detections += len(found)
@@ -403,11 +411,15 @@ class Watcher:
                     wall, clock = datetime.now(UTC), time.monotonic()
                 found.extend(self._check_job(job, nodes, wall, clock))
                 slice_end = await self._between_jobs(slice_end)
+        for job in jobs:  # a job that started since the last pass (any pass may see one)
+            watch = self._jobs.get(job.job_id)
+            if watch is not None and (job.state is not JobState.PENDING or watch.logs):
+                self._readable[job.job_id] = watch
         self._count_running()
         return found
 
     def _count_running(self) -> None:
-        self._running = sum(1 for w in self._jobs.values() if w.job.state is JobState.RUNNING)
+        self._running = sum(1 for w in self._readable.values() if w.job.state is JobState.RUNNING)
 
     async def _send_reports(self) -> None:
         """Send the node reports waiting (their signals out; the answers may come later)."""
@@ -442,7 +454,7 @@ class Watcher:
         self._liveness.refresh()
         self._read_nodes()
         yield []
-        for watch in list(self._jobs.values()):
+        for watch in list(self._readable.values()):
             if watch.job.state is JobState.PENDING and not watch.logs:
                 continue  # never ran while watched: 10,000 queued jobs cost no file access
             # Stamped per job, not once per pass: a pass over hundreds of jobs takes a while,
@@ -693,7 +705,7 @@ class Watcher:
         """The watched jobs RUNNING on ``node``."""
         return [
             w.job
-            for w in self._jobs.values()
+            for w in self._readable.values()
             if node in w.job.nodes and w.job.state is JobState.RUNNING
         ]
 
