@@ -58,9 +58,10 @@ class Harness:
             bundle_dir=str(tmp / name / "bundles"),
             node_log_pattern=str(tmp / name / "nodes" / "{node}" / "kern.log"),
             policy=policy,
-            # The active jobs every poll as well: a test's job is seen running within half a
-            # second, however loaded the shared machine (the cadence: test_watch_cadence.py).
-            watch=WatchSettings(poll_interval_s=0.5, active_interval_s=0.5),
+            # The active jobs every poll as well, the nodes every second: a test's job is seen
+            # running within half a second, however loaded the shared machine (the cadence:
+            # test_watch_cadence.py).
+            watch=WatchSettings(poll_interval_s=0.5, active_interval_s=0.5, node_interval_s=1.0),
             # Tests share one Slurm: a drained node stays as the test left it (the lifecycle's
             # own tests turn it on: tests/integration/test_lifecycle.py).
             lifecycle=LifecycleSettings(enabled=False),
