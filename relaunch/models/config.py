@@ -50,20 +50,16 @@ LAG_FLOOR_WHY = (
 STRICT = ConfigDict(extra="forbid")
 
 
-class WatchSettings(BaseModel):
-    model_config = STRICT
+class WatchPaces(BaseModel):
+    """How often the watcher reads what (relaunch/workers/watch_cadence.py, docs/scale.md): the
+    configuration's ``watch`` section and the watcher's own settings share these."""
 
-    partitions: list[str] = Field(default_factory=list, description="watch every job here")
-    opt_in_comment: bool = True
     poll_interval_s: float = Field(
         default=1.0,
         gt=0,
         le=60,
         description="the shortest time between two listings of the jobs (or of the nodes); "
         "how often they come follows their cost and what happens (docs/scale.md)",
-    )
-    log_interval_s: float = Field(
-        default=0.25, gt=0, le=2.0, description="how often watched logs are read between polls"
     )
     listing_share: float = Field(
         default=0.02,
@@ -108,6 +104,26 @@ class WatchSettings(BaseModel):
         le=10,
         description="a watched log that did not grow is read less often, backing off from "
         "log_interval_s to at most this (docs/detection.md, 'Logs read by need')",
+    )
+
+    @model_validator(mode="after")
+    def _paces_in_order(self) -> WatchPaces:
+        if self.poll_interval_s > self.reconcile_s:
+            raise ValueError(
+                f"watch.poll_interval_s ({self.poll_interval_s:g}) is above watch.reconcile_s "
+                f"({self.reconcile_s:g}): the shortest interval between listings cannot be "
+                "longer than the longest"
+            )
+        return self
+
+
+class WatchSettings(WatchPaces):
+    model_config = STRICT
+
+    partitions: list[str] = Field(default_factory=list, description="watch every job here")
+    opt_in_comment: bool = True
+    log_interval_s: float = Field(
+        default=0.25, gt=0, le=2.0, description="how often watched logs are read between polls"
     )
     hang_threshold_s: float = Field(default=45.0, ge=5, le=7 * 86400, description=HANG_FLOOR_WHY)
     lag_floor_s: float = Field(default=5.0, ge=1, le=7 * 86400, description=LAG_FLOOR_WHY)
@@ -170,12 +186,6 @@ class WatchSettings(BaseModel):
 
     @model_validator(mode="after")
     def _paces_agree(self) -> WatchSettings:
-        if self.poll_interval_s > self.reconcile_s:
-            raise ValueError(
-                f"watch.poll_interval_s ({self.poll_interval_s:g}) is above watch.reconcile_s "
-                f"({self.reconcile_s:g}): the shortest interval between listings cannot be "
-                "longer than the longest"
-            )
         if self.reconcile_s >= self.catch_up_gap_s:
             raise ValueError(
                 f"watch.reconcile_s ({self.reconcile_s:g}) must be below watch.catch_up_gap_s "

@@ -24,7 +24,7 @@ from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
 from relaunch.connectors.temporal import NodeDecisionSignals, connect
 from relaunch.connectors.tracing import node_report_span, start_tracing
-from relaunch.models.config import ClusterConfig, ProbeMethod, listen_address
+from relaunch.models.config import ClusterConfig, ProbeMethod, WatchPaces, listen_address
 from relaunch.models.errors import RelaunchError
 from relaunch.models.node_decision import NodeReport
 from relaunch.models.recovery import Detection, RestartMethod
@@ -67,15 +67,8 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         cluster=config.name,
         partitions=config.watch.partitions,
         opt_in_comment=config.watch.opt_in_comment,
-        poll_interval_s=config.watch.poll_interval_s,
-        listing_share=config.watch.listing_share,
-        listing_share_busy=config.watch.listing_share_busy,
-        reconcile_s=config.watch.reconcile_s,
-        active_interval_s=config.watch.active_interval_s,
-        node_interval_s=config.watch.node_interval_s,
-        busy_s=config.watch.busy_s,
+        **config.watch.model_dump(include=set(WatchPaces.model_fields)),  # how often what
         log_interval_s=config.watch.log_interval_s,
-        log_quiet_max_s=config.watch.log_quiet_max_s,
         hang_threshold_s=config.watch.hang_threshold_s,
         lag_floor_s=config.watch.lag_floor_s,
         heartbeat_timeout_s=config.watch.heartbeat_timeout_s,

@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
 from relaunch.connectors.joboutput import FileAccess
 from relaunch.connectors.lease import LeaseLostError
@@ -69,6 +69,7 @@ from relaunch.models.config import (
     HANG_FLOOR_WHY,
     LAG_FLOOR_WHY,
     JobOutputSettings,
+    WatchPaces,
 )
 from relaunch.models.errors import RelaunchError
 from relaunch.models.node_decision import NodeReport
@@ -126,50 +127,12 @@ DetectionHandler = Callable[[Detection], Awaitable[None]]
 FollowUpHandler = Callable[[list[Detection]], Awaitable[None]]
 
 
-class WatchConfig(BaseModel):
+class WatchConfig(WatchPaces):
     """What to watch and how closely."""
 
     cluster: str = Field(min_length=1)
     partitions: list[str] = Field(default_factory=list, description="watched wholesale")
     opt_in_comment: bool = Field(default=True, description="watch jobs with relaunch=on")
-    poll_interval_s: float = Field(default=1.0, gt=0, le=60)
-    listing_share: float = Field(
-        default=0.02,
-        gt=0,
-        le=1,
-        description="while nothing happens, at most this share of the time goes to listing "
-        "every job (the active ones are listed every active_interval_s between): a listing "
-        "that takes 0.7 s (10,000 jobs) runs every 30 s (reconcile_s) (docs/scale.md)",
-    )
-    listing_share_busy: float = Field(
-        default=0.25,
-        gt=0,
-        le=1,
-        description="the same share for busy_s after a detection, while recoveries run",
-    )
-    reconcile_s: float = Field(
-        default=30.0,
-        ge=1,
-        le=300,
-        description="a full job listing at least this often, however long it takes",
-    )
-    active_interval_s: float = Field(
-        default=2.0,
-        gt=0,
-        le=60,
-        description="between full listings, how often the jobs in any state but pending are "
-        "listed (poll_interval_s while busy): a job that starts is watched within this long",
-    )
-    node_interval_s: float = Field(
-        default=5.0,
-        gt=0,
-        le=300,
-        description="how often the nodes are listed while watched jobs run and nothing happens "
-        "(poll_interval_s while busy or while a recovery waits to see its node drained)",
-    )
-    busy_s: float = Field(
-        default=60.0, ge=0, le=3600, description="how long a detection keeps the watcher busy"
-    )
     log_interval_s: float = Field(
         default=0.25, gt=0, description="between polls, how often watched jobs' logs are read"
     )
@@ -192,13 +155,6 @@ class WatchConfig(BaseModel):
         gt=0,
         description="log bytes scanned per job per pass (stdout and stderr together); the "
         "rest is read in later passes, so one flooding job cannot starve the others",
-    )
-    log_quiet_max_s: float = Field(
-        default=1.0,
-        gt=0,
-        le=10,
-        description="a job log that did not grow is read less often, backing off from "
-        "log_interval_s to at most this (docs/detection.md, 'Logs read by need')",
     )
     job_output: JobOutputSettings = Field(
         default_factory=JobOutputSettings, description="which job output files may be read"
