@@ -228,6 +228,16 @@ class Job(BaseModel):
         return fields
 
     @property
+    def garbled_option(self) -> bool:
+        """Whether one of Relaunch's own options (``relaunch...``) holds a control character:
+        no option at all (see :attr:`comment_fields`), and not to be read as if it were absent
+        (a lost ``relaunch_cluster=`` would hand the job to every Relaunch on the cluster)."""
+        return any(
+            _CONTROL.search(part) and _CONTROL.sub("", part).strip().lower().startswith("relaunch")
+            for part in self.comment.split(",")
+        )
+
+    @property
     def max_restarts(self) -> int | None:
         """The job's own restart budget (``--comment relaunch=on,max_restarts=N``), if any."""
         value = self.comment_fields.get("max_restarts", "")
@@ -267,12 +277,13 @@ _OFF = frozenset({"off", "no", "false", "0"})
 
 def watched(job: Job, cluster: str, *, partitions: Sequence[str], opt_in_comment: bool) -> bool:
     """Whether Relaunch's ``cluster`` looks after ``job``: opted in by comment
-    (``relaunch=on``) or in a watched partition. ``relaunch=off`` always opts out, and a job
-    that names another Relaunch cluster (``relaunch_cluster=<name>``, for several Relaunch
-    deployments on one Slurm cluster) belongs to that one."""
+    (``relaunch=on``) or in a watched partition. ``relaunch=off`` always opts out, and so does
+    an option of Relaunch's holding a control character; a job that names another Relaunch
+    cluster (``relaunch_cluster=<name>``, for several Relaunch deployments on one Slurm
+    cluster) belongs to that one."""
     fields = job.comment_fields
     flag = fields.get(OPT_IN_KEY, "").strip().lower()
-    if flag in _OFF:
+    if flag in _OFF or job.garbled_option:  # a garbled option of ours: not ours to guess
         return False
     named = fields.get(CLUSTER_KEY, "").strip()
     if named and named != cluster:

@@ -28,7 +28,7 @@ from relaunch.connectors.slurm import parse
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.models.errors import JobNotFoundError, ResubmitIdentityError
-from relaunch.models.scheduler import Job
+from relaunch.models.scheduler import Job, watched
 
 FORGED = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "forged"
 
@@ -129,6 +129,25 @@ def test_a_comment_option_holding_a_control_character_is_no_option(comment: str)
     assert Job(job_id="1", comment=f"{comment},relaunch_cluster=a").comment_fields == {
         "relaunch_cluster": "a"
     }
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "relaunch=on,relaunch_cluster=a\x1fUserId=0",  # the forged listing's job
+        "relaunch=on,\nrelaunch_cluster=a",
+        "relaunch=on,RELAUNCH_cluster\x1e=a",
+    ],
+)
+def test_a_garbled_relaunch_option_opts_the_job_out_of_every_deployment(comment: str) -> None:
+    """Its `relaunch_cluster=` is no option, and the job is not then everyone's: it is no one's
+    (before, every Relaunch on the Slurm cluster watched it, cluster "b" included)."""
+    job = Job(job_id="1", comment=comment, partition="gpu")
+    assert job.garbled_option
+    for cluster in ("a", "b"):
+        assert not watched(job, cluster, partitions=["gpu"], opt_in_comment=True)
+    clean = Job(job_id="2", comment="relaunch=on,relaunch_cluster=a,note=x\x1fy")
+    assert not clean.garbled_option and watched(clean, "a", partitions=[], opt_in_comment=True)
 
 
 def test_a_users_escapes_never_reach_the_operators_terminal(
