@@ -8,8 +8,10 @@ The parsers: squeue's brief text listing (``parse.BriefListing``, what the watch
 the JSON job record (``parse.job_from_json``: the comment's options and the output path
 patterns, where the user's text is parsed again), ``scontrol show reservation``
 (``parse.reservation_nodes``), sbatch's answer (``parse.sbatch_job_id``) and scontrol's refusals
-(``commands._refusals``). Relaunch reads no ``sacct`` output and no ``scontrol show job`` text
-(both print a comment raw, as squeue does: see tests/adversarial/test_listing_forgery.py).
+(``commands._refusals``), and the catch-up's ``sacct --json`` answer (``accounting.ended_jobs``:
+JSON quotes a user's text, the same fields are fuzzed there). Relaunch reads no ``sacct`` text
+and no ``scontrol show job`` text (both print a comment raw, as squeue does: see
+tests/adversarial/test_listing_forgery.py).
 
 The listing is rendered as Slurm 22.05 prints it (measured: every field raw, newline and
 separator included; a row ends with the separator and a newline).
@@ -19,21 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaunch.connectors.slurm import parse
+from relaunch.connectors.slurm import accounting, parse
 from relaunch.connectors.slurm.commands import SlurmCli, _refusals
 from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.models.errors import JobNotFoundError, SchedulerError
-from relaunch.models.scheduler import Job
+from relaunch.models.scheduler import Job, JobState
 from tests.support.listing_forgery import forging_comment
 from tests.unit.test_fuzz import FUZZ, bounded
 
 SEP = parse.BRIEF_SEPARATOR
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 USER_FIELDS = ("Name", "Comment", "STDOUT", "STDERR", "WorkDir", "Command")
 # What a user may put in a field: the listing's separators, every line break Python knows,
 # NUL, escapes (CSI, OSC, C1), bidi overrides, Slurm's own null words and path patterns.
@@ -271,3 +277,37 @@ def test_scontrol_and_sbatch_text_parsers_survive_any_text(text: str) -> None:
     assert set(refused) <= {"4", "42"}
     listing = bounded(lambda: parse.BriefListing(text))
     assert listing.all() is None or all(j.job_id.isdigit() for j in listing.all() or [])
+
+
+_SACCT_FIXTURES = Path(__file__).parents[1] / "fixtures" / "slurm"
+_WIDE = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
+
+
+@FUZZ
+@given(
+    release=st.sampled_from(["22.05", "24.11"]),
+    name=_USER_TEXT,
+    comment=_USER_TEXT,
+    work_dir=_USER_TEXT,
+    count=st.integers(min_value=1, max_value=4),
+)
+def test_sacct_answers_with_hostile_fields_give_only_the_jobs_slurm_wrote(
+    release: str, name: str, comment: str, work_dir: str, count: int
+) -> None:
+    """The catch-up's reader of ``sacct --json`` (accounting.ended_jobs): a user's name,
+    comment and work dir hold separators, newlines, NULs, escapes or 64 KiB; the answer holds
+    ``count`` real jobs. Each comes back once, with its own id, state and end, the user's text
+    as its own (never a row, never an option with a control character), within budget."""
+    data = json.loads((_SACCT_FIXTURES / f"sacct_{release}.json").read_text())
+    template, jobs = data["jobs"][0], []
+    for n in range(count):
+        job = json.loads(json.dumps(template))
+        job["job_id"] = 500 + n
+        job["name"], job["comment"]["job"], job["working_directory"] = name, comment, work_dir
+        jobs.append(job)
+    data["jobs"] = jobs
+    read = bounded(lambda: accounting.ended_jobs(json.dumps(data), since=_WIDE[0], until=_WIDE[1]))
+    assert sorted(j.job_id for j in read.jobs) == [str(500 + n) for n in range(count)]
+    for job in read.jobs:
+        assert job.state is JobState.FAILED and job.comment == comment and job.name == name
+        assert all(not _CONTROL_CHARS.search(k + v) for k, v in job.comment_fields.items())
