@@ -54,7 +54,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BEAT_S = 1.0
 LOOP_STALE_S = 10.0
 # The watcher is red once its last good poll is older than max(this, POLLS_STALE x interval,
-# twice the longest interval between job listings: relaunch/workers/watch_cadence.py).
+# twice the longest interval between two listings of jobs, all or the active ones:
+# relaunch/workers/watch_cadence.py).
 POLL_STALE_FLOOR_S = 20.0
 POLLS_STALE = 5
 POLL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -196,7 +197,7 @@ class WatchMetrics:
             r.register(_ProbeCollector(cluster, probe_counts))
         self.last_good_poll: float | None = None  # monotonic
         self.poll_interval_s = 1.0
-        self.reconcile_s = 0.0  # the longest interval between two job listings
+        self.reconcile_s = 0.0  # the longest interval between two listings of jobs
         self.standby = False  # a watcher that does not act (yet): healthy while its loop runs
         self.leading_since: float | None = None  # monotonic: when its term as leader began
 

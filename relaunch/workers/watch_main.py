@@ -139,7 +139,7 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
     terms: list[Watcher] = []
     metrics = WatchMetrics(config.name, lambda: terms[-1].probe_counts() if terms else (0, 0, 0))
     metrics.poll_interval_s = config.watch.poll_interval_s
-    metrics.reconcile_s = config.watch.reconcile_s
+    metrics.reconcile_s = config.watch.active_interval_s  # listings that far apart at most
     metrics.standby = True
 
     def lease_alive(now: float) -> str | None:

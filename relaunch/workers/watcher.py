@@ -203,7 +203,12 @@ class Watcher:
         # A process that leads by turns (the lease) keeps one set across its watchers.
         self.metrics = metrics or WatchMetrics(config.cluster, self.probe_counts)
         self.metrics.poll_interval_s = config.poll_interval_s
-        self.metrics.reconcile_s = config.reconcile_s
+        # A listing (of every job, or of the active ones between) at least this often: how old
+        # the last good one may be before the watcher's health turns red.
+        self._active_listing = hasattr(scheduler, "list_active_jobs")
+        self.metrics.reconcile_s = (
+            config.active_interval_s if self._active_listing else config.reconcile_s
+        )
         self.cadence = Cadence(
             CadenceSettings(
                 poll_interval_s=config.poll_interval_s,
@@ -229,7 +234,6 @@ class Watcher:
         # The watched jobs that ran or run (not the thousands that wait): what the log passes,
         # the active listing and the loop look at, not every watched job each time.
         self._readable: dict[str, JobWatch] = {}
-        self._active_listing = hasattr(scheduler, "list_active_jobs")
         self._drains = ExternalDrains(config.cluster, on_external_drains)
         self._catch_up = catch_up  # job ends missed while not looking: watch_catchup.py
         self._pass = 0

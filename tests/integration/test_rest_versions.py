@@ -62,12 +62,12 @@ def _cli_job(stack: Stack, job_id: str) -> Job:
     return parse.job_from_json(raws[0])
 
 
-async def _wait_running(stack: Stack, job_id: str) -> None:
+async def _wait_running(stack: Stack, job_id: str, state: JobState = JobState.RUNNING) -> None:
     for _ in range(120):
-        if _cli_job(stack, job_id).state is JobState.RUNNING:
+        if _cli_job(stack, job_id).state is state:
             return
         await asyncio.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not start")
+    raise AssertionError(f"job {job_id} did not reach {state}")
 
 
 def _cli_nodes(stack: Stack) -> dict[str, Node]:
@@ -100,6 +100,8 @@ async def test_24_11_negotiates_the_newest_parser_and_reads_agree_with_scontrol(
     failed = sbatch(env, "-N", "1", f"--output={tmp_path}/f-%j.out", "--wrap=exit 3")
     try:
         await _wait_running(stack_2411, running)
+        # Its exit code is read below: it must have run (a loaded machine starts it late).
+        await _wait_running(stack_2411, failed, JobState.FAILED)
         subprocess.run(
             ["scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=restd 24.11 check"],
             env=env,

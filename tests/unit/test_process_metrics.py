@@ -128,7 +128,8 @@ def test_watcher_health_is_red_once_its_last_good_poll_is_stale() -> None:
     metrics = WatchMetrics("c")
     metrics.poll_interval_s = 1.0
     assert poll_stale_s(1.0) == 20.0 and poll_stale_s(2.0) == 20.0
-    assert poll_stale_s(1.0, reconcile_s=30.0) == 60.0  # job listings 30 s apart are fine
+    assert poll_stale_s(1.0, reconcile_s=2.0) == 20.0  # the active jobs every 2 s
+    assert poll_stale_s(1.0, reconcile_s=30.0) == 60.0  # full listings alone, 30 s apart
     check = metrics.check(started=time.monotonic())
     assert check(time.monotonic() + 5) is None
     assert check(time.monotonic() + 25) == "no good poll yet: 25s ago (limit 20s)"
