@@ -816,16 +816,12 @@ class Watcher:
                 if tel_pattern
                 else None,
             )
-            if feed.log is not None:  # read by need, as a job's log (LogPace)
-                feed.log.pace = LogPace(self.config.log_interval_s, self.config.log_quiet_max_s)
         if feed.read_in == self._pass:
             return feed
         first_read, feed.read_in = feed.read_in < 0, self._pass
         feed.matches, feed.telemetry_matches = [], []
-        clock = time.monotonic()
-        if feed.log is not None and feed.log.due(clock, True):
+        if feed.log is not None:
             lines = feed.log.read()
-            feed.log.paced(clock, True)
             self.metrics.read(feed.log.last_read)
             self.metrics.file_ops(feed.log.last_ops)
             feed.matches = [
