@@ -184,11 +184,26 @@ async def _scenarios(
         decisions' trails, and the worker's last words."""
         shown = []
         for node in ("n1", "n2"):
-            trail = await audit.events(node_decision_id(name, node, 1))
-            shown.append(
-                f"$ relaunch show {node_decision_id(name, node, 1)}\n"
-                + "".join(f"{e.at:%H:%M:%S} {e.kind}: {e.summary[:160]}\n" for e in trail)
-            )
+            for trail_id in (node_decision_id(name, node, 1), lifecycle_id(name, node, 1)):
+                trail = await audit.events(trail_id)
+                shown.append(
+                    f"$ relaunch show {trail_id}\n"
+                    + "".join(f"{e.at:%H:%M:%S} {e.kind}: {e.summary[:160]}\n" for e in trail)
+                )
+            try:  # what the lifecycle waits on: its activity, attempt and last heartbeat
+                described = await client.get_workflow_handle(lifecycle_id(name, node, 1)).describe()
+                for act in described.raw_description.pending_activities:
+                    beats = act.heartbeat_details.payloads
+                    shown.append(
+                        f"pending {act.activity_type.name} attempt {act.attempt} state "
+                        f"{act.state} last beat {beats[-1].data[:160]!r} "
+                        f"failure {act.last_failure.message[:200]!r}\n"
+                        if beats
+                        else f"pending {act.activity_type.name} attempt {act.attempt} state "
+                        f"{act.state} failure {act.last_failure.message[:200]!r}\n"
+                    )
+            except Exception as exc:  # a diagnosis: never the test's own failure
+                shown.append(f"(no description of {node}'s lifecycle: {exc})\n")
         for argv in (
             ["sinfo", "-N", "-h", "-o", "%N %T %E"],
             ["squeue", "-h", "-t", "all", "-o", "%i %T %N %j %r"],
