@@ -662,10 +662,10 @@ class Watcher:
         return self.stats.probes, self.stats.probe_failures, self.stats.probe_errors
 
     def _running_on(self, node: str) -> list[Job]:
-        """The watched jobs RUNNING on ``node``."""
+        """The watched jobs RUNNING on ``node`` (every watched job: asked once per report)."""
         return [
             w.job
-            for w in self._readable.values()
+            for w in self._jobs.values()
             if node in w.job.nodes and w.job.state is JobState.RUNNING
         ]
 
