@@ -84,6 +84,10 @@ class Cadence:
         self._jobs_began, self._jobs_took = began, max(0.0, took)
         self._active_began = began
 
+    def jobs_tried(self, began: float) -> None:
+        """A full listing begins (its cost, once it succeeds: :meth:`jobs_listed`)."""
+        self._jobs_began = self._active_began = began
+
     def active_listed(self, began: float) -> None:
         self._active_began = began
 

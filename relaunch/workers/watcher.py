@@ -537,11 +537,17 @@ class Watcher:
     def _listing_due(self, now: float) -> asyncio.Task[list[Detection]] | None:
         """The listing due now, started (see relaunch/workers/watch_cadence.py), if any: all
         the jobs, the active ones (with their nodes when those are due), or the nodes."""
-        if self.cadence.jobs_in(now) <= 0:
+        # Each attempt counts as begun now, whether it succeeds or not: a controller that
+        # fails is asked again at the same pace, not at every turn of the loop.
+        cadence = self.cadence
+        if cadence.jobs_in(now) <= 0:
+            cadence.jobs_tried(now)
             return asyncio.create_task(self.poll_once())
-        if self._active_listing and self.cadence.active_in(now) <= 0:
+        if self._active_listing and cadence.active_in(now) <= 0:
+            cadence.active_listed(now)
             return asyncio.create_task(self.poll_active())
         if self._listing_in(now) <= 0:
+            cadence.nodes_listed(now)
             return asyncio.create_task(self.poll_nodes())
         return None
 
