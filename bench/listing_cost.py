@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import resource
 import shutil
 import subprocess
@@ -62,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
 from bench.faults.common import BenchError, BenchStack, log, pct  # noqa: E402
-from bench.faults.scale import submit_many  # noqa: E402
+from bench.faults.scale import parse_sdiag, submit_many  # noqa: E402
 from relaunch.connectors.slurm import parse  # noqa: E402
 from relaunch.devstack.slurm import ctld_pid  # noqa: E402
 from relaunch.devstack.slurm_release import RELEASES  # noqa: E402
@@ -81,25 +80,6 @@ BRIEF = ["squeue", "--noheader", f"--Format={parse.BRIEF_FORMAT}"]
 RESTD_VERSION = {"22.05": "v0.0.38", "24.11": "v0.0.42"}
 
 # ------------------------------------------------------------------------------------ sdiag
-
-_RPC_LINE = re.compile(
-    r"^\s+([A-Z_0-9]+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)"
-)
-
-
-def parse_sdiag(text: str) -> dict[str, tuple[int, int]]:
-    """sdiag's "Remote Procedure Call statistics by message type": per type, (count,
-    total_time in microseconds)."""
-    out: dict[str, tuple[int, int]] = {}
-    section = False
-    for line in text.splitlines():
-        if line.startswith("Remote Procedure Call statistics"):
-            section = "by message type" in line
-            continue
-        found = _RPC_LINE.match(line) if section else None
-        if found:
-            out[found.group(1)] = (int(found.group(2)), int(found.group(4)))
-    return out
 
 
 def rpc_delta(

@@ -914,12 +914,15 @@ def sdiag_rpcs(bs: BenchStack) -> dict[str, int]:
     return parse_sdiag_rpcs(out)
 
 
-_RPC_LINE = re.compile(r"^\s+([A-Z_0-9]+)\s+\(\s*\d+\)\s+count:(\d+)")
+_RPC_LINE = re.compile(
+    r"^\s+([A-Z_0-9]+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)"
+)
 
 
-def parse_sdiag_rpcs(text: str) -> dict[str, int]:
-    """The counts of sdiag's "Remote Procedure Call statistics by message type" section."""
-    counts: dict[str, int] = {}
+def parse_sdiag(text: str) -> dict[str, tuple[int, int]]:
+    """sdiag's "Remote Procedure Call statistics by message type": per type, (count,
+    total_time in microseconds)."""
+    out: dict[str, tuple[int, int]] = {}
     section = False
     for line in text.splitlines():
         if line.startswith("Remote Procedure Call statistics"):
@@ -927,8 +930,13 @@ def parse_sdiag_rpcs(text: str) -> dict[str, int]:
             continue
         found = _RPC_LINE.match(line) if section else None
         if found:
-            counts[found.group(1)] = int(found.group(2))
-    return counts
+            out[found.group(1)] = (int(found.group(2)), int(found.group(4)))
+    return out
+
+
+def parse_sdiag_rpcs(text: str) -> dict[str, int]:
+    """The counts of sdiag's "Remote Procedure Call statistics by message type" section."""
+    return {kind: count for kind, (count, _) in parse_sdiag(text).items()}
 
 
 def rpc_rates(before: dict[str, int], after: dict[str, int], window_s: float) -> dict[str, Any]:
