@@ -362,7 +362,10 @@ class LifecycleActivities:
         to come back. ``done`` False where the rung is not available here."""
         await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_rung")
         # Once per fault, even across a worker killed mid-rung: the rung's start is written
-        # first (a dedupe key), and a retry that finds it only waits for the node.
+        # first (a dedupe key) and its ask is confirmed by a second row once the command was
+        # taken. A retry that finds the ask confirmed only waits for the node; one that finds
+        # a start without it (the worker died in between, perhaps killing the command with it)
+        # asks again, and says so: a node never rebooted would wait drained for good.
         first = await self.deps.audit_row(
             inp.lifecycle_id,
             "rung_started",
@@ -370,20 +373,25 @@ class LifecycleActivities:
             dedupe=f"rung_started:{inp.rung.value}",
             nodes=[inp.node],
         )
+        again = ""
         if not first:
-            earlier = await self._not_applied(inp)
+            earlier, asked = await self._earlier(inp)
             if earlier is not None:
                 return RungResult(
                     rung=inp.rung, done=False, detail=f"an earlier attempt: {earlier}"
                 )
-            if inp.rung is Rung.REBOOT:
+            if asked and inp.rung is Rung.REBOOT:
                 back = await self._until_back(inp, time.monotonic(), "an earlier attempt")
                 return back.model_copy(update={"detail": back.detail + " (not asked again)"})
-            return RungResult(
-                rung=inp.rung, done=True, detail="applied by an earlier attempt (not again)"
-            )
+            if asked:
+                return RungResult(
+                    rung=inp.rung, done=True, detail="applied by an earlier attempt (not again)"
+                )
+            again = " (asked again: the earlier attempt died before its ask was confirmed)"
         if inp.rung is Rung.GPU_RESET:
             result = await self._gpu_reset(inp)
+            if result.done:
+                await self._asked(inp, result.detail)
         elif inp.rung is Rung.REBOOT:
             result = await self._reboot(inp)
         else:
@@ -399,14 +407,30 @@ class LifecycleActivities:
                 nodes=[inp.node],
                 data={"detail": result.detail},
             )
-        return result
+        return result.model_copy(update={"detail": result.detail + again}) if again else result
 
-    async def _not_applied(self, inp: RungInput) -> str | None:
-        """Why an earlier attempt of this rung did not apply it, if it did not."""
+    async def _earlier(self, inp: RungInput) -> tuple[str | None, bool]:
+        """What an earlier attempt of this rung left: why it did not apply it (None if it did
+        not say), and whether its ask was confirmed."""
+        not_applied, asked = None, False
         for event in await self.deps.audit.events(inp.lifecycle_id):
-            if event.kind == "rung_not_applied" and event.summary.startswith(inp.rung.value):
-                return str(event.data.get("detail", event.summary))
-        return None
+            if not event.summary.startswith(inp.rung.value):
+                continue
+            if event.kind == "rung_not_applied":
+                not_applied = str(event.data.get("detail", event.summary))
+            elif event.kind == "rung_asked":
+                asked = True
+        return not_applied, asked
+
+    async def _asked(self, inp: RungInput, how: str) -> None:
+        """Confirm that the rung's command was taken: a retry from here on only waits."""
+        await self.deps.audit_row(
+            inp.lifecycle_id,
+            "rung_asked",
+            f"{inp.rung.value} {inp.node}: {how}"[:500],
+            dedupe=f"rung_asked:{inp.rung.value}",
+            nodes=[inp.node],
+        )
 
     async def _gpu_reset(self, inp: RungInput) -> RungResult:
         maint = self._maintenance()
@@ -464,6 +488,7 @@ class LifecycleActivities:
             except RebootRefusedError as exc:
                 return RungResult(rung=Rung.REBOOT, done=False, detail=str(exc))
             how = "scontrol reboot"
+        await self._asked(inp, how)
         return await self._until_back(inp, asked, how, before=before.display_state)
 
     async def _until_back(

@@ -243,14 +243,17 @@ async def _scenarios(
         script="#!/bin/sh\nsleep 1\n",
     )  # fmt: skip
     h.jobs.append(waiting)
-    # The worker dies as the reboot starts; the one that replaces it does not reboot again.
-    await h.until(lambda: _has(rows(one, "rung_started")), "n1's reboot started", timeout=150)
+    # The worker dies once the reboot was asked; the one that replaces it does not reboot
+    # again. (A worker that dies before its ask is confirmed is followed by an ask:
+    # tests/unit/test_lifecycle_rung.py.)
+    await h.until(lambda: _has(rows(one, "rung_asked")), "n1's reboot asked", timeout=150)
     h.kill("worker")
     h.start("worker")
     done = await until_stage(one, {NodeStage.RETURNED, NodeStage.ESCALATED})
     assert done.stage is NodeStage.RETURNED, done.outcome
     assert done.tried == ["reboot"], done.tried
     assert len(await rows(one, "rung_started")) == 1
+    assert len(await rows(one, "rung_asked")) == 1
     assert len(await rows(one, "rung")) == 1
     checks = await rows(one, "checks")
     assert [c.data["passed"] for c in checks] == [False, True], [c.summary for c in checks]
