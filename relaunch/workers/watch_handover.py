@@ -41,7 +41,7 @@ from relaunch.detection.signatures import Role, SignatureMatch
 from relaunch.detection.xids import Outcome
 from relaunch.models.node_decision import NodeReport, ReportedJob
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job
+from relaunch.models.scheduler import Job, JobState
 
 logger = logging.getLogger("relaunch.workers.watcher")
 
@@ -127,7 +127,8 @@ class FollowUps:
 
 class NodeReports:
     """The watcher's reports of failed nodes (see the module docstring). ``running_on`` gives
-    the watched jobs running on a node (their partitions set the decision's mode)."""
+    the watched jobs a node's failure hit: those running there and those that just ended
+    there (their partitions set the decision's mode; the running ones may be requeued ahead)."""
 
     def __init__(
         self,
@@ -259,7 +260,11 @@ class NodeReports:
         # reported (now or lately), so that no two decisions requeue one job.
         out = {n for n, at in self._reported.items() if now - at < REPORT_QUIET_S}
         for node, report in reports.items():
-            alone = [j for j in running_on[node] if not (set(j.nodes) - {node}) & out]
+            alone = [
+                j
+                for j in running_on[node]
+                if j.state is JobState.RUNNING and not (set(j.nodes) - {node}) & out
+            ]
             report.running = [
                 ReportedJob(
                     job_id=j.job_id,

@@ -51,7 +51,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from pydantic import Field, field_validator
@@ -111,6 +111,9 @@ REPORTED_ROLES = frozenset({Role.ROOT, Role.CASCADE})
 # A pass over the watched jobs lets the rest of the watcher run (the handover to Temporal, the
 # liveness probes) at least this often.
 PASS_SLICE_S = 0.05
+# A job that ended abnormally on a node this long before the node's report was hit by its
+# failure (see Watcher._running_on).
+ENDED_HIT = timedelta(seconds=60)
 
 
 class SchedulerView(Protocol):
@@ -668,11 +671,22 @@ class Watcher:
         return self.stats.probes, self.stats.probe_failures, self.stats.probe_errors
 
     def _running_on(self, node: str) -> list[Job]:
-        """The watched jobs RUNNING on ``node`` (every watched job: asked once per report)."""
+        """The watched jobs on ``node`` that its failure hit (every watched job: asked once
+        per report): those RUNNING there, and those that ended abnormally there within
+        ENDED_HIT_S. A node's Xid can reach the watcher after the job it killed was listed
+        FAILED: that job's partition still sets the decision's mode."""
+        now = datetime.now(UTC)
         return [
             w.job
             for w in self._jobs.values()
-            if node in w.job.nodes and w.job.state is JobState.RUNNING
+            if node in w.job.nodes
+            and (
+                w.job.state is JobState.RUNNING
+                or (
+                    w.job.state.is_abnormal_end
+                    and (w.job.end_time is None or now - w.job.end_time <= ENDED_HIT)
+                )
+            )
         ]
 
     # ---------------------------------------------------------------- one job

@@ -369,6 +369,44 @@ async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
     assert len(reports) == 1
 
 
+async def test_a_job_listed_failed_before_its_nodes_xid_still_sets_the_reports_partition(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """The Xid that killed a job can reach the watcher after the job was listed FAILED. The
+    report still counts that job: its partition sets the decision's mode (a canary partition
+    acts alone; a report without it waited for a person). It is not requeued ahead: its own
+    recovery has it. A job that ended there long before is not counted."""
+    reports: list[NodeReport] = []
+
+    async def on_node_report(report: NodeReport) -> None:
+        reports.append(report)
+
+    config = WatchConfig(
+        cluster="dev", node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log")
+    )
+    watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
+    assert await watcher.poll_once(T0) == []
+    old = scheduler.jobs[0].model_copy(
+        update={
+            "job_id": "102",
+            "state": JobState.FAILED,
+            "partition": "long-gone",
+            "end_time": datetime.now(UTC) - timedelta(minutes=10),
+        }
+    )
+    scheduler.jobs[0] = scheduler.jobs[0].model_copy(
+        update={"state": JobState.FAILED, "end_time": datetime.now(UTC)}
+    )
+    scheduler.jobs.append(old)
+    found = await watcher.poll_once(T0)
+    assert "job_state:FAILED" in [d.kind for d in found]
+    append(tmp_path / "nodes" / "n2" / "kern.log", XID_79)
+    await watcher._reports.report(watcher.read_logs_once(T0))
+    [report] = reports
+    assert (report.node, report.jobs, report.partitions) == ("n2", 1, ["debug"])
+    assert report.running == []
+
+
 async def test_a_report_lists_the_jobs_no_other_reported_node_runs() -> None:
     """The jobs a node's decision may requeue ahead of their joins: its watched jobs on no
     other node reported now or lately, so that no two decisions requeue one job."""
