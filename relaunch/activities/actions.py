@@ -111,7 +111,7 @@ class ActionActivities:
     async def _start_lifecycles(self, inp: ActInput) -> None:
         """Hand each node this plan took out to its lifecycle (relaunch/workflows/lifecycle.py:
         checks, remediation, return or repair). A lifecycle that cannot be started is said in
-        the incident's trail; the drain stands, and the node waits for a person as before."""
+        the incident's trail; the drain stands, and the node waits for a person."""
         settings, client = self.deps.config.lifecycle, self.deps.temporal
         if not settings.enabled or client is None:
             return

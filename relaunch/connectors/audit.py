@@ -32,8 +32,9 @@ ENSURED_MAX = 100_000
 
 
 # The rows that say which job Relaunch submitted as a resubmission of which (the parent is the
-# row's incident's job): ``lineage`` rows, and the changed resubmissions of older trails (an id
-# sbatch answered to Relaunch itself). Never a comment.
+# row's incident's job): ``lineage`` rows, and the restart ``action`` rows of a changed
+# resubmission, which name the same child (an id sbatch answered to Relaunch itself), so that a
+# trail holding either row finds it. Never a comment.
 LINEAGE_ROW = (
     "((e.kind = 'lineage' and e.data->>'parent' = i.job_id)"
     " or (e.kind = 'action' and e.data->>'step' = 'restart'"

@@ -3,8 +3,8 @@
 Counts come from the trail, so they survive restarts and agree with the console's pages. The
 console reads the whole trail once (the first scrape), then at each scrape only the rows
 appended since (``AuditCounters``): a scrape costs O(new rows), not O(trail). ``full_snapshot``
-is the same numbers recounted by SQL aggregates (what every scrape used to run; the tests and
-bench/audit_scale.py compare the two). A token limited to some clusters scrapes the series of
+is the same numbers recounted by SQL aggregates, at O(trail) per call; the tests and
+bench/audit_scale.py compare the two. A token limited to some clusters scrapes the series of
 those clusters' incidents only. The scorecard's series are in scorecard_metrics.py.
 """
 

@@ -10,7 +10,7 @@ another way (``kernel=True``): only entries with a ``kernel`` pattern take part,
 match from the first character of the kernel's message (relaunch.detection.kernel_lines), a line
 that is not the kernel's (another syslog tag or facility) matches nothing, and a line that
 reports a user process matches only application entries (a segfault, an OOM kill), whatever
-driver text it quotes. Job output is matched as before: it only points.
+driver text it quotes. Job output is matched by the ordinary patterns: it only points.
 """
 
 from __future__ import annotations

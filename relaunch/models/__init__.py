@@ -1,1 +1,2 @@
-"""Pydantic contracts shared by every layer. Imports pydantic only."""
+"""Pydantic contracts shared by every layer, typed errors, name validation and the
+search-attribute names. Imports pydantic and the standard library only."""

@@ -6,7 +6,7 @@ the node's kernel log, telemetry, Slurm's state, Relaunch's probes) starts the n
 ``relaunch-<cluster>-node-<node>-<n>``; the others join it. The decision owns the node's drain
 (planned once, under the blast-radius guard, approved once in monitor mode) and requeues the
 jobs that joined it in batches; each job's own recovery waits for its outcome and verifies its
-job. See docs/architecture.md ("Node decisions").
+job. See docs/node-decisions.md.
 """
 
 from __future__ import annotations

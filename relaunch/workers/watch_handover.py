@@ -17,12 +17,12 @@ server, and each recovery, when it starts, joins a decision that has done its wo
 
 **Later signs.** One interruption shows several signs a few seconds apart: a node's Xid line,
 then its probes failing, then Slurm's job and node states, then the job's requeue. The first
-sign starts the job attempt's recovery at once. Each later one used to be a signal of its own,
-and each signal a workflow task and an audit row: when a rack fails, 500 recoveries got some
-1,400 of them in the first minute, on the same server and worker as the recoveries themselves.
-Now the later signs of a recovery this watcher handed over are held for ``hold_s`` from the
-first of them and handed over together, in one `detections` signal: every one still reaches
-the recovery's timeline, a few seconds later. Nothing decides on them there (the recovery reads
+sign starts the job attempt's recovery at once. The later signs of a recovery this watcher
+handed over are held for ``hold_s`` from the first of them and handed over together, in one
+`detections` signal, because a signal of its own for each would be a workflow task and an audit
+row each: when a rack fails, 500 recoveries would get some 1,400 of them in the first minute, on
+the same server and worker as the recoveries themselves. Held, every sign still reaches the
+recovery's timeline, a few seconds later. Nothing decides on them there (the recovery reads
 the job, its nodes and their logs itself), so nothing waits for them either.
 """
 

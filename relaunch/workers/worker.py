@@ -1,4 +1,5 @@
-"""The Temporal worker for one cluster: RecoveryWorkflow plus its activities.
+"""The Temporal worker for one cluster: RecoveryWorkflow, NodeDecisionWorkflow and
+NodeLifecycleWorkflow with their activities, polling both of the cluster's task queues.
 
 Clients and pools are built once and injected; SIGTERM/SIGINT shut it down gracefully (running
 activities finish, the workflow resumes elsewhere from history)."""

@@ -185,8 +185,8 @@ class JobListing:
     """One ``squeue --json`` answer, each job parsed only when first asked for.
 
     A burst of recoveries shares listings (see relaunch.connectors.slurm.fresh), and most
-    callers want one job of thousands: parsing every job of every listing was a fifth of the
-    worker's CPU in a 500-job burst."""
+    callers want one job of thousands: parsing every job of every listing would cost about a
+    fifth of the worker's CPU in a 500-job burst."""
 
     def __init__(self, raws: list[dict[str, Any]]) -> None:
         self._raws = raws
