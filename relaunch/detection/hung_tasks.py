@@ -1,0 +1,135 @@
+"""Hung-task reports in a node's kernel log whose stacks are in a network file system.
+
+The kernel's hung-task detector (kernel/hung_task.c, ``check_hung_task``) reports a task that
+stayed in uninterruptible sleep past ``hung_task_timeout_secs`` (120 s by default)::
+
+    INFO: task python3:41231 blocked for more than 120 seconds.
+          Not tainted 5.15.0-91-generic #101-Ubuntu
+    "echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this message.
+    task:python3 state:D stack:0 pid:41231 ppid:41200 flags:0x00004002
+    Call Trace:
+     <TASK>
+     __schedule+0x2e6/0x6a0
+     rpc_wait_bit_killable+0x25/0xb0 [sunrpc]
+     nfs_wait_on_request+0x1d/0x30 [nfs]
+
+Up to 4.x each frame carries its address (``[<ffffffffc05523b4>] llog_process+0x14/0x20
+[obdclass]``), and a syslog line may carry the kernel's stamp or not. When the stack runs through a
+network file system's module (Lustre's ``ptlrpc``/``obdclass``/``osc``..., GPFS's ``mmfs26`` and
+``mmfslinux``, NFS's ``nfs``/``sunrpc``, ``ceph``, ``beegfs``, ``cifs``), the task is waiting on
+that file system: the root of a "hang" whose ranks stopped in I/O (a checkpoint, a data read) is
+storage, and a restart (not a drain) is right.
+
+Trust (docs/trust.md): only a node's own kernel log is read here, every line through the
+kernel's prefix (:func:`kernel_message`, :func:`kernel_frame`); the report's comm is the user's
+and is never read; a line with the same kernel stamp as a report about a user process just
+before it is a piece of that report (a file name with a newline), never a frame.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from relaunch.detection.kernel_lines import (
+    kernel_frame,
+    kernel_message,
+    reports_user_process,
+    without_comm,
+)
+from relaunch.detection.lines import line_timestamp
+
+# Kernel modules of network file systems → the file system's name.
+FILESYSTEM_MODULES: dict[str, str] = {
+    **dict.fromkeys(("mmfs26", "mmfslinux", "tracedev"), "GPFS"),
+    **dict.fromkeys(
+        (
+            "lustre",
+            "lov",
+            "osc",
+            "mdc",
+            "lmv",
+            "ptlrpc",
+            "obdclass",
+            "lnet",
+            "libcfs",
+            "ko2iblnd",
+            "ksocklnd",
+            "mgc",
+            "fid",
+            "fld",
+        ),
+        "Lustre",
+    ),
+    **dict.fromkeys(("nfs", "nfsv3", "nfsv4", "sunrpc", "lockd"), "NFS"),
+    **dict.fromkeys(("ceph", "libceph"), "CephFS"),
+    "beegfs": "BeeGFS",
+    "cifs": "CIFS/SMB",
+}
+# NFS built into the kernel prints its frames without a module.
+_NFS_FUNCTIONS = ("nfs_", "nfs4_", "rpc_wait_bit_killable", "__rpc_execute")
+_HEADER = re.compile(r"INFO: task .{1,15}:\d{1,10} blocked for more than (\d{1,10}) seconds\.")
+# How many lines after a header its stack may take (a dump is about 20 to 40 lines).
+STACK_LINES = 64
+_WORD = "blocked for more than"
+
+
+@dataclass
+class HungTask:
+    """One hung-task report: where it is, when, how long the task was blocked and the file
+    systems its stack runs through (empty: none of the known ones)."""
+
+    line_no: int
+    text: str
+    seconds: int
+    time: datetime | None
+    filesystems: list[str] = field(default_factory=list)
+
+
+def hung_tasks(text: str) -> list[HungTask]:
+    """The hung-task reports of one node's kernel log, each with the file systems its stack
+    runs through. One pass; a log without the report's words costs one substring search."""
+    if _WORD not in text:
+        return []
+    out: list[HungTask] = []
+    current: HungTask | None = None
+    left = 0
+    stamp: str | None = None
+    user = False  # the last kernel message reported a user process (other than a hung task)
+    for no, line in enumerate(text.splitlines(), 1):
+        message = kernel_message(line)
+        frame = kernel_frame(line) if message is None or "+0x" in message.text else None
+        line_stamp = message.stamp if message is not None else frame.stamp if frame else None
+        if message is None and frame is None:
+            continue
+        if line_stamp is not None and line_stamp == stamp and user:
+            continue  # a piece of a report about a user process: its text is the user's
+        if frame is not None:
+            if current is not None and left > 0:
+                left -= 1
+                fs = _filesystem(frame.function, frame.module)
+                if fs and fs not in current.filesystems:
+                    current.filesystems.append(fs)
+            stamp, user = line_stamp, False
+            continue
+        assert message is not None
+        header = _HEADER.match(message.text)
+        if header is not None:
+            current = HungTask(no, line.rstrip("\r")[:500], int(header[1]), line_timestamp(line))
+            out.append(current)
+            left = STACK_LINES
+            stamp, user = line_stamp, False
+            continue
+        if current is not None and left > 0:
+            left -= 1
+        stamp, user = line_stamp, reports_user_process(without_comm(message.text))
+    return out
+
+
+def _filesystem(function: str, module: str | None) -> str | None:
+    if module is not None:
+        return FILESYSTEM_MODULES.get(module)
+    if function.startswith(_NFS_FUNCTIONS):
+        return "NFS"
+    return None
