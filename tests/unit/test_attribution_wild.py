@@ -1,0 +1,205 @@
+"""Issue 35: what failed under the job is infrastructure, restarted (never held, never drained),
+with the file system or resource named; a hang whose nodes' kernels report tasks blocked in a
+network file system is storage; and the NIC's own health lines convict its node while a user's
+copy of them does not."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from relaunch.detection.attribution import attribute_bundle
+from relaunch.detection.planning import PlanHistory, make_plan
+from relaunch.models.bundle import Bundle, BundleJob
+from relaunch.models.recovery import (
+    Action,
+    ActionPlan,
+    Category,
+    EvidenceSummary,
+    JobSnapshot,
+    Policy,
+    Verdict,
+)
+
+NODES = ["n1", "n2"]
+RANKS = {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}
+T = datetime(2026, 12, 4, 22, 0, tzinfo=UTC)
+
+
+def bundle(log: str, node_logs: dict[str, str] | None = None, state: str = "FAILED") -> Bundle:
+    return Bundle(
+        path="mem",
+        job=BundleJob(
+            cluster="c",
+            job_id="7",
+            state=state,
+            nodes=NODES,
+            ranks=RANKS,
+            observed_at=T,
+            submit_time=T - timedelta(hours=2),
+            node_states=dict.fromkeys(NODES, "ALLOCATED"),
+        ),
+        job_log=log,
+        node_logs=node_logs or {},
+        health=[],
+    )
+
+
+def plan(b: Bundle, v: Verdict) -> ActionPlan:
+    return make_plan(
+        request_id="r",
+        verdict=v,
+        evidence=EvidenceSummary(
+            incident_id="i",
+            bundle_path="/b",
+            job=JobSnapshot(job_id="7", state=b.job.state, nodes=NODES, restart_count=0),
+            node_states=b.job.node_states,
+        ),
+        policy=Policy(),
+        history=PlanHistory(partition_size=40),
+    )
+
+
+def restarted_not_blamed(b: Bundle, *named: str) -> Verdict:
+    """The verdict is infrastructure, restarts, blames and drains nobody, names ``named``."""
+    v = attribute_bundle(b)
+    assert (v.category, v.culprit_nodes, v.action) == (
+        Category.INFRASTRUCTURE,
+        [],
+        Action.RESTART,
+    ), v
+    for word in named:
+        assert word in v.summary, v.summary
+    p = plan(b, v)
+    assert (p.action, p.drain_nodes, p.exclude_nodes) == (Action.RESTART, [], []), p
+    return v
+
+
+def watchdog(rank: int) -> str:
+    return (
+        f"{rank}: [rank{rank}]:[E1204 21:55:00.1 ProcessGroupNCCL.cpp:697] [Rank {rank}] Watchdog "
+        "caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=600000) ran for 600000 milliseconds before timing out.\n"
+    )
+
+
+HANG = "".join(watchdog(r) for r in range(4))
+# whamcloud/integrated-manager-for-lustre#329's report (Lustre client), with the node's syslog
+# stamps (the kernel's own time after them).
+LUSTRE = (
+    "2026-12-04T21:50:00+00:00 n2 kernel: [ 3600.832490] INFO: task python3:4037 blocked for "
+    "more than 120 seconds.\n"
+    "2026-12-04T21:50:00+00:00 n2 kernel: [ 3600.843176] Call Trace:\n"
+    "2026-12-04T21:50:00+00:00 n2 kernel: [ 3600.844367]  [<ffffffff816a94c9>] schedule+0x29/0x70\n"
+    "2026-12-04T21:50:00+00:00 n2 kernel: [ 3600.851751]  [<ffffffffc05523b4>] "
+    "llog_process_or_fork+0x244/0x450 [obdclass]\n"
+    "2026-12-04T21:50:00+00:00 n2 kernel: [ 3600.856750]  [<ffffffffc0fff5a8>] "
+    "mgc_process_cfg_log+0x788/0xc40 [mgc]\n"
+)
+LOCAL_DISK = (
+    "2026-12-04T21:50:00+00:00 n2 kernel: [27792.382537] INFO: task jbd2/vblkdev3-8:722 blocked "
+    "for more than 120 seconds.\n"
+    "2026-12-04T21:50:00+00:00 n2 kernel: [27792.382548]  [<ffffffffa00667f1>] "
+    "jbd2_journal_commit_transaction+0x1181/0x1500 [jbd2]\n"
+)
+
+
+def test_a_hang_blocked_in_a_network_file_system_is_storage_restarted() -> None:
+    assert attribute_bundle(bundle(HANG)).category is Category.HANG
+    v = restarted_not_blamed(bundle(HANG, {"n2": LUSTRE}), "Lustre", "n2")
+    assert any(e.signature == "hung_task_filesystem" and e.trusted for e in v.evidence)
+
+
+def test_a_hang_that_ran_into_its_time_limit_blocked_in_nfs_is_storage() -> None:
+    nfs = (
+        LUSTRE.replace("[obdclass]", "[sunrpc]")
+        .replace("[mgc]", "[nfs]")
+        .replace("n2 kernel", "n1 kernel")
+    )
+    b = bundle(HANG, {"n1": nfs}, state="TIMEOUT")
+    b.job.last_progress_at = T - timedelta(hours=1)
+    restarted_not_blamed(b, "NFS", "n1")
+
+
+@pytest.mark.parametrize(
+    "node_logs",
+    [
+        {"n2": LOCAL_DISK},  # a local disk is not a network file system
+        {},  # the report only in the job's output: a user can print anything
+    ],
+)
+def test_other_blocked_tasks_leave_the_hang_a_hang(node_logs: dict[str, str]) -> None:
+    log = HANG if node_logs else HANG + LUSTRE.replace("n2 kernel: ", "")
+    assert attribute_bundle(bundle(log, node_logs)).category is Category.HANG
+
+
+@pytest.mark.parametrize(
+    ("line", "port"),
+    [
+        (
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+            "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
+            "message: address already in use",
+            "29500",
+        ),
+        (
+            "RuntimeError: The server socket has failed to listen on any local network address. "
+            "The server socket has failed to bind to [::]:29500 (errno: 98 - Address already in "
+            "use). The server socket has failed to bind to 0.0.0.0:29500 (errno: 98 - Address "
+            "already in use).",
+            "29500",
+        ),
+        ("RuntimeError: Address already in use", ""),
+    ],
+)
+def test_rendezvous_port_in_use_restarts(line: str, port: str) -> None:
+    log = (
+        "0: Traceback (most recent call last):\n"
+        '0:   File "/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", line 189\n'
+        f"0: {line}\n"
+        "srun: error: n1: task 0: Exited with exit code 1\n"
+    )
+    restarted_not_blamed(bundle(log), "rendezvous port", port)
+
+
+def test_an_io_error_on_the_shared_file_system_at_checkpoint_restarts() -> None:
+    # torch.distributed.checkpoint wraps each rank's failure in a CheckpointException, whose
+    # line comes before the OSError it carries.
+    log = (
+        "0: saving checkpoint at iteration 1000 to /lustre/fs1/ckpt\n"
+        "0: Traceback (most recent call last):\n"
+        "0: torch.distributed.checkpoint.api.CheckpointException: CheckpointException "
+        "ranks:dict_keys([0])\n"
+        "0: Traceback (most recent call last): (RANK 0)\n"
+        "0: OSError: [Errno 5] Input/output error: '/lustre/fs1/ckpt/iter_0001000/__0_0.distcp'\n"
+    )
+    restarted_not_blamed(bundle(log), "storage", "/lustre/fs1")
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        (
+            "n1:2143:2561 [1] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No "
+            "space left on device",
+            "/dev/shm",
+        ),
+        ("0: OSError: [Errno 28] No space left on device: '/tmp/torchelastic_x/attempt_0'", "/tmp"),
+        ("0: OSError: [Errno 24] Too many open files", "file descriptors"),
+    ],
+)
+def test_node_local_resource_exhaustion_restarts(line: str, named: str) -> None:
+    restarted_not_blamed(bundle(line + "\n" + HANG), "node-local resource", named)
+
+
+def test_an_application_error_stays_held_whatever_is_near_it() -> None:
+    v = attribute_bundle(bundle("0: [rank0]: KeyError: 'labels'\n"))
+    assert (v.category, v.action) == (Category.APPLICATION, Action.HOLD)
+    # A specific application root (a CUDA OOM) before a storage line is still the cause.
+    oom = (
+        "0: [rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 0 has a total capacity of 79.11 GiB of which 1.05 GiB is free.\n"
+        "0: OSError: [Errno 5] Input/output error\n"
+    )
+    assert attribute_bundle(bundle(oom)).category is Category.APPLICATION
