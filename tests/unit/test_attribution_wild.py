@@ -203,3 +203,58 @@ def test_an_application_error_stays_held_whatever_is_near_it() -> None:
         "0: OSError: [Errno 5] Input/output error\n"
     )
     assert attribute_bundle(bundle(oom)).category is Category.APPLICATION
+
+
+# ------------------------------------------------------------------ NIC health corroborates
+
+# The job's NCCL names n2: its bootstrap line maps 10.0.0.2 to n2, and n1 got an IB completion
+# error from that peer (the suspect is the peer).
+IB_ERROR = (
+    "2: n2:2002:2002 [0] NCCL INFO Bootstrap : Using ib0:10.0.0.2<0>\n"
+    "0: n1:1001:1090 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer "
+    "10.0.0.2<47534> with error 12, opcode 0, len 0, vendor err 129 (Recv)\n"
+)
+# The NIC's health poller on n2 (drivers/net/ethernet/mellanox/mlx5/core/health.c), in the
+# 4.x / MLNX_OFED prefix (the device name again before the function) and the 5.x+ one.
+NIC_HEALTH = [
+    "mlx5_core 0000:3b:00.0: 0000:3b:00.0:poll_health:742:(pid 0): device's health compromised "
+    "- reached miss count",
+    "mlx5_core 0000:3b:00.0: mlx5_health_try_recover:327:(pid 1234): handling bad device here",
+    "mlx5_core 0000:3b:00.0: mlx5_fw_fatal_reporter_err_work:699:(pid 12): Driver is in error "
+    "state. Unloading",
+]
+
+
+@pytest.mark.parametrize("health", NIC_HEALTH)
+def test_the_nics_own_kernel_log_convicts_the_node_the_job_names(health: str) -> None:
+    b = bundle(IB_ERROR + HANG, {"n2": f"2026-12-04T21:54:00+00:00 n2 kernel: {health}\n"})
+    v = attribute_bundle(b)
+    assert (v.category, v.culprit_nodes, v.action) == (
+        Category.NETWORK,
+        ["n2"],
+        Action.ISOLATE_AND_RESTART,
+    ), v
+    assert v.corroboration == {"n2": ["kernel_log"]}
+    assert plan(b, v).drain_nodes == ["n2"]
+
+
+@pytest.mark.parametrize("health", NIC_HEALTH)
+@pytest.mark.parametrize(
+    "where",
+    ["job", "tag"],  # printed by the job; or in n2's log under another syslog tag (logger -t)
+)
+def test_a_users_copy_of_the_nic_lines_convicts_nobody(health: str, where: str) -> None:
+    copy = f"2026-12-04T21:54:00+00:00 n2 kernel: {health}\n"
+    if where == "job":
+        b = bundle(copy + IB_ERROR + HANG)
+    else:
+        b = bundle(IB_ERROR + HANG, {"n2": copy.replace(" kernel: ", " mlx5_core: ")})
+    v = attribute_bundle(b)
+    assert (v.category, v.culprit_nodes, v.action) == (
+        Category.NETWORK,
+        ["n2"],
+        Action.EXCLUDE_AND_RESTART,
+    ), v
+    assert v.corroboration == {"n2": []}
+    p = plan(b, v)
+    assert (p.drain_nodes, p.exclude_nodes) == ([], ["n2"])
