@@ -124,6 +124,18 @@ def test_an_nvrm_assertion_about_something_else_is_no_hardware_root() -> None:
 # ------------------------------------------------------------------ NCCL IB async events
 
 
+def test_open_mpi_output_tags_are_a_prefix() -> None:
+    # NVIDIA/nccl#230: mpirun --timestamp-output --tag-output before NCCL's own prefix.
+    line = (
+        "2019-06-02T16:13:44.884Z: [1,12]<stdout>:container-e275-1553839402050-12124-01-000057:"
+        "815:864 [0] transport/net_ib.cu:80 NCCL WARN NET/IB : Got async event : local "
+        "catastrophic error"
+    )
+    found = job(line)
+    assert found is not None and found[0] == "nccl_ib_async_fatal_old"
+    assert found[3] == "container-e275-1553839402050-12124-01-000057"
+
+
 @pytest.mark.parametrize(
     ("line", "expected", "host"),
     [
@@ -300,6 +312,8 @@ def test_a_users_own_server_in_use_is_not_the_rendezvous() -> None:
             "writing file data/0: file write failed",
             "filesystem_error",
         ),
+        # pytorch/pytorch#10577 (PyTorch 1.0's serializer, a full disk)
+        ("RuntimeError: write(): fd 29 failed with Input/output error", "filesystem_error"),
         ("OSError: [Errno 28] No space left on device: '/tmp/x'", "node_resource_exhausted"),
         ("OSError: [Errno 24] Too many open files", "node_resource_exhausted"),
         (
