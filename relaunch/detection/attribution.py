@@ -109,6 +109,7 @@ def attribute_bundle(
     found = collect(bundle, cat)
     found.items = [f for f in found.items if not _foreign_banner(f, bundle.job.job_id)]
     found.items = _resolve_xids(found)
+    found.items = [_gpu_held(f) for f in found.items]
     verdict = _decide(bundle, found)
     # A running job whose ranks advance, with no trusted fault: nothing to restart (yet). An
     # application error the job reports about itself still holds it (that harms no one else).
@@ -374,15 +375,45 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
 
 # Infrastructure roots that name what failed under the job (storage, a node-local resource,
 # the rendezvous port): the job is not at fault, and a restart (elsewhere) is right.
+GPU_HELD = "cuda_oom_gpu_held"
 UNDER_THE_JOB = frozenset(
     {
         HUNG_TASK_FILESYSTEM,
+        GPU_HELD,
         "filesystem_error",
         "node_resource_exhausted",
         "nccl_shm_exhausted",
         "store_address_in_use",
     }
 )
+
+
+# PyTorch's CUDA OOM message (c10/cuda/CUDACachingAllocator.cpp, since 2.1): the GPU's capacity,
+# then, from NVML, `Process <pid> has <size> memory in use. ` for every *other* process on the
+# GPU and `Including non-PyTorch memory, this process has <size> ...` for its own.
+_OOM_CAPACITY = re.compile(r"GPU \d+ has a total capacity of (\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB)")
+_OOM_OTHER = re.compile(r"Process (\d{1,10}) has (\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB) memory in use")
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+# Other processes holding at least this share of the GPU: the job did not run itself out.
+HELD_SHARE = 0.5
+
+
+def _gpu_held(f: Finding) -> Finding:
+    """A CUDA OOM whose message shows other processes holding most of the GPU's memory (a
+    previous attempt's ranks that never exited, another job on a shared node) is a node-local
+    resource taken from under the job, not the job's own OOM: infrastructure, restart."""
+    if f.signature != "cuda_oom":
+        return f
+    capacity = _OOM_CAPACITY.search(f.match.text)
+    others = _OOM_OTHER.findall(f.match.text)
+    if capacity is None or not others:
+        return f
+    total = float(capacity[1]) * _UNITS[capacity[2]]
+    held = sum(float(size) * _UNITS[unit] for _, size, unit in others)
+    if total <= 0 or held < HELD_SHARE * total:
+        return f
+    update = {"signature": GPU_HELD, "category": Category.INFRASTRUCTURE, "role": Role.ROOT}
+    return Finding(f.match.model_copy(update=update), f.path, f.node, f.time)
 
 
 def _infrastructure(first: Finding, same: list[Finding], bundle: Bundle, why: str) -> Verdict:
@@ -428,6 +459,10 @@ def resource(f: Finding, bundle: Bundle) -> str:
     if sig == "store_address_in_use":
         port = _PORT.search(text)
         return f"rendezvous port {port[1]} in use" if port else "rendezvous port in use"
+    if sig == GPU_HELD:
+        pids = ", ".join(pid for pid, _, _ in _OOM_OTHER.findall(text))
+        where = f" on {f.node}" if f.node else ""
+        return f"node-local resource: GPU memory held by other processes{where} (pid {pids})"
     if sig == "nccl_shm_exhausted":
         return "node-local resource: /dev/shm too small or full (NCCL shared memory)"
     if sig == "node_resource_exhausted":

@@ -258,3 +258,35 @@ def test_a_users_copy_of_the_nic_lines_convicts_nobody(health: str, where: str) 
     assert v.corroboration == {"n2": []}
     p = plan(b, v)
     assert (p.drain_nodes, p.exclude_nodes) == ([], ["n2"])
+
+
+# ------------------------------------------------------------------ GPU memory held by others
+
+
+def oom(others: str) -> str:
+    """PyTorch's OOM message (c10/cuda/CUDACachingAllocator.cpp: NVML's other processes as
+    `Process <pid> has <size> memory in use. `, then this process's own)."""
+    return (
+        "2: [rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 "
+        f"has a total capacity of 79.10 GiB of which 402.00 MiB is free. {others}Including "
+        "non-PyTorch memory, this process has 1.84 GiB memory in use. Of the allocated memory "
+        "1.21 GiB is allocated by PyTorch, and 96.00 MiB is reserved by PyTorch but unallocated.\n"
+    )
+
+
+def test_an_oom_on_a_gpu_other_processes_hold_restarts() -> None:
+    v = restarted_not_blamed(
+        bundle(oom("Process 176521 has 76.84 GiB memory in use. ")),
+        "GPU memory held by other processes",
+        "176521",
+    )
+    assert v.evidence[0].signature == "cuda_oom_gpu_held"
+
+
+@pytest.mark.parametrize(
+    "others",
+    ["", "Process 176521 has 2.00 GiB memory in use. "],  # its own OOM; a small neighbour
+)
+def test_the_jobs_own_oom_is_still_held(others: str) -> None:
+    v = attribute_bundle(bundle(oom(others)))
+    assert (v.category, v.action, v.culprit_nodes) == (Category.APPLICATION, Action.HOLD, [])
