@@ -39,6 +39,7 @@ from relaunch.detection.kernel_lines import (
     without_comm,
 )
 from relaunch.detection.lines import line_timestamp
+from relaunch.detection.signatures import MAX_LINE
 
 # Kernel modules of network file systems → the file system's name.
 FILESYSTEM_MODULES: dict[str, str] = {
@@ -89,42 +90,84 @@ class HungTask:
 
 def hung_tasks(text: str) -> list[HungTask]:
     """The hung-task reports of one node's kernel log, each with the file systems its stack
-    runs through. One pass; a log without the report's words costs one substring search."""
-    if _WORD not in text:
-        return []
+    runs through. Only the lines around a report are parsed: a log without the report's words
+    costs one substring search, a long log with a few reports a few dozen lines each. Lines are
+    read on their first MAX_LINE characters, as the scan reads them."""
     out: list[HungTask] = []
-    current: HungTask | None = None
-    left = 0
-    stamp: str | None = None
-    user = False  # the last kernel message reported a user process (other than a hung task)
-    for no, line in enumerate(text.splitlines(), 1):
+    counted, line_no = 0, 1
+    pos = text.find(_WORD)
+    while pos != -1:
+        start = text.rfind("\n", 0, pos) + 1
+        end = _line_end(text, pos)
+        line_no += text.count("\n", counted, start)
+        counted = start
+        line = _line(text, start, end)
+        message = kernel_message(line)
+        header = _HEADER.match(message.text) if message is not None else None
+        if message is not None and header is not None and not _piece(text, start, message.stamp):
+            task = HungTask(line_no, line[:500], int(header[1]), line_timestamp(line))
+            task.filesystems = _stack(text, end)
+            out.append(task)
+        pos = text.find(_WORD, end)
+    return out
+
+
+def _line_end(text: str, at: int) -> int:
+    end = text.find("\n", at)
+    return len(text) if end == -1 else end
+
+
+def _line(text: str, start: int, end: int) -> str:
+    return text[start : min(end, start + MAX_LINE)].removesuffix("\r")
+
+
+def _piece(text: str, start: int, stamp: str | None) -> bool:
+    """Whether the line at ``start`` is a piece of a report about a user process: a kernel
+    line with its stamp, just before it, reports one (a file name holding a newline)."""
+    if stamp is None:
+        return False
+    end = start - 1
+    for _ in range(STACK_LINES):
+        if end < 0:
+            return False
+        begin = text.rfind("\n", 0, end) + 1
+        message = kernel_message(_line(text, begin, end))
+        end = begin - 1
+        if message is None:
+            continue
+        if message.stamp != stamp:
+            return False
+        if _HEADER.match(message.text) is None and reports_user_process(without_comm(message.text)):
+            return True
+    return False
+
+
+def _stack(text: str, after: int) -> list[str]:
+    """The file systems of the frames in the lines after a report (up to STACK_LINES, to the
+    next report), skipping the pieces of a user process's report."""
+    systems: list[str] = []
+    user_stamp: str | None = None
+    start = after + 1
+    for _ in range(STACK_LINES):
+        if start > len(text):
+            break
+        end = _line_end(text, start)
+        line = _line(text, start, end)
+        start = end + 1
+        if _WORD in line:
+            break  # the next report reads its own stack
         message = kernel_message(line)
         frame = kernel_frame(line) if message is None or "+0x" in message.text else None
         line_stamp = message.stamp if message is not None else frame.stamp if frame else None
-        if message is None and frame is None:
-            continue
-        if line_stamp is not None and line_stamp == stamp and user:
+        if line_stamp is not None and line_stamp == user_stamp:
             continue  # a piece of a report about a user process: its text is the user's
         if frame is not None:
-            if current is not None and left > 0:
-                left -= 1
-                fs = _filesystem(frame.function, frame.module)
-                if fs and fs not in current.filesystems:
-                    current.filesystems.append(fs)
-            stamp, user = line_stamp, False
-            continue
-        assert message is not None
-        header = _HEADER.match(message.text)
-        if header is not None:
-            current = HungTask(no, line.rstrip("\r")[:500], int(header[1]), line_timestamp(line))
-            out.append(current)
-            left = STACK_LINES
-            stamp, user = line_stamp, False
-            continue
-        if current is not None and left > 0:
-            left -= 1
-        stamp, user = line_stamp, reports_user_process(without_comm(message.text))
-    return out
+            fs = _filesystem(frame.function, frame.module)
+            if fs and fs not in systems:
+                systems.append(fs)
+        elif message is not None and reports_user_process(without_comm(message.text)):
+            user_stamp = line_stamp
+    return systems
 
 
 def _filesystem(function: str, module: str | None) -> str | None:

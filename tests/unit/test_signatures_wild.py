@@ -424,3 +424,16 @@ def test_hung_task_frames_must_be_the_kernels() -> None:
     assert frame is not None and (frame.function, frame.module) == ("llog_process", "obdclass")
     # A frame with trailing words is not a frame (the whole line must be the kernel's).
     assert kernel_frame("[ 1.0]  llog_process+0x14/0x20 [obdclass] and more") is None
+
+
+def test_each_report_reads_its_own_stack_and_its_line() -> None:
+    noise = "[ 1.000001] perf: interrupt took too long (2532 > 2500)\n" * 3
+    text = noise + LOCAL_HUNG + noise + LUSTRE_HUNG + NFS_HUNG
+    first, second, third = hung_tasks(text)
+    assert (first.line_no, first.filesystems) == (4, [])
+    assert (second.line_no, second.filesystems) == (4 + 4 + 3, ["Lustre"])
+    assert third.filesystems == ["NFS"]
+    # A log of clean lines around one report is read around the report only.
+    many = noise * 20_000 + LUSTRE_HUNG + noise * 20_000
+    (only,) = hung_tasks(many)
+    assert (only.line_no, only.filesystems) == (60_001, ["Lustre"])
