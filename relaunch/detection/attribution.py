@@ -442,6 +442,7 @@ def _hung_filesystems(f: Finding, bundle: Bundle) -> list[str]:
 
 
 _PORT = re.compile(r"(?:port: |:)(\d{2,5})\b(?:, useIpv6| \(errno: 98)")
+_WRITER = re.compile(r"PytorchStreamWriter|unexpected pos \d|write\(\): fd \d")
 _QUOTED_PATH = re.compile(r"'(/[^'\n]{1,255})'|\b(/dev/shm)/")
 # A path's first parts that name its file system (/lustre/fs1, /gpfs/scratch, /dev/shm).
 _MOUNT_DEPTH = 2
@@ -475,7 +476,8 @@ def resource(f: Finding, bundle: Bundle) -> str:
         return f"node-local resource: no space left on {where}"
     if sig == "filesystem_error":
         path = _path(text)
-        return f"storage: I/O error on {path}" if path else "storage: I/O error"
+        what = "a checkpoint write failed" if _WRITER.search(text) else "I/O error"
+        return f"storage: {what} on {path}" if path else f"storage: {what}"
     if f.match.xid is not None:
         return "GPU driver"
     return sig
