@@ -177,6 +177,15 @@ def test_an_io_error_on_the_shared_file_system_at_checkpoint_restarts() -> None:
     restarted_not_blamed(bundle(log), "storage", "/lustre/fs1")
 
 
+def test_a_failed_checkpoint_write_names_storage() -> None:
+    # rwth-i6/returnn#1829: torch.save's writer on a shared file system.
+    log = (
+        "0: RuntimeError: [enforce fail at inline_container.cc:857] . PytorchStreamWriter failed "
+        "writing file data/322: file write failed\n"
+    )
+    restarted_not_blamed(bundle(log), "storage: a checkpoint write failed")
+
+
 @pytest.mark.parametrize(
     ("line", "named"),
     [
@@ -189,15 +198,6 @@ def test_an_io_error_on_the_shared_file_system_at_checkpoint_restarts() -> None:
         ("0: OSError: [Errno 24] Too many open files", "file descriptors"),
     ],
 )
-def test_a_failed_checkpoint_write_names_storage() -> None:
-    # rwth-i6/returnn#1829: torch.save's writer on a shared file system.
-    log = (
-        "0: RuntimeError: [enforce fail at inline_container.cc:857] . PytorchStreamWriter failed "
-        "writing file data/322: file write failed\n"
-    )
-    restarted_not_blamed(bundle(log), "storage: a checkpoint write failed")
-
-
 def test_node_local_resource_exhaustion_restarts(line: str, named: str) -> None:
     restarted_not_blamed(bundle(line + "\n" + HANG), "node-local resource", named)
 
