@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from relaunch.detection.health_events import health_matches, health_path
 from relaunch.detection.hung_tasks import hung_tasks
+from relaunch.detection.kernel_records import fallen_off_bus
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.signatures import (
     MAX_LINE,
@@ -205,9 +206,24 @@ def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
 
 
 def hung_task_matches(text: str, node: str) -> list[SignatureMatch]:
-    """A node's hung-task reports whose stacks run through a network file system, as
-    infrastructure roots on that node (relaunch/detection/hung_tasks.py)."""
-    out = []
+    """What a node's kernel log says over several lines: the driver's "fallen off the bus"
+    record printed whole (relaunch/detection/kernel_records.py), a GPU hardware root; hung-task
+    reports whose stacks run through a network file system (relaunch/detection/hung_tasks.py),
+    infrastructure roots on that node."""
+    out = [
+        SignatureMatch(
+            signature="nvrm_fallen_off_bus",
+            category=Category.GPU_HARDWARE,
+            role=Role.ROOT,
+            severity=5,
+            source="node_log",
+            line_no=record.line_no,
+            text=record.text,
+            host=node,
+            timestamp=record.time,
+        )
+        for record in fallen_off_bus(text)
+    ]
     for task in hung_tasks(text):
         if not task.filesystems:
             continue

@@ -98,13 +98,17 @@ def hung_tasks(text: str) -> list[HungTask]:
     pos = text.find(_WORD)
     while pos != -1:
         start = text.rfind("\n", 0, pos) + 1
-        end = _line_end(text, pos)
+        end = line_end(text, pos)
         line_no += text.count("\n", counted, start)
         counted = start
-        line = _line(text, start, end)
+        line = kernel_line(text, start, end)
         message = kernel_message(line)
         header = _HEADER.match(message.text) if message is not None else None
-        if message is not None and header is not None and not _piece(text, start, message.stamp):
+        if (
+            message is not None
+            and header is not None
+            and not piece_of_user_report(text, start, message.stamp)
+        ):
             task = HungTask(line_no, line[:500], int(header[1]), line_timestamp(line))
             task.filesystems = _stack(text, end)
             out.append(task)
@@ -112,16 +116,16 @@ def hung_tasks(text: str) -> list[HungTask]:
     return out
 
 
-def _line_end(text: str, at: int) -> int:
+def line_end(text: str, at: int) -> int:
     end = text.find("\n", at)
     return len(text) if end == -1 else end
 
 
-def _line(text: str, start: int, end: int) -> str:
+def kernel_line(text: str, start: int, end: int) -> str:
     return text[start : min(end, start + MAX_LINE)].removesuffix("\r")
 
 
-def _piece(text: str, start: int, stamp: str | None) -> bool:
+def piece_of_user_report(text: str, start: int, stamp: str | None) -> bool:
     """Whether the line at ``start`` is a piece of a report about a user process: a kernel
     line with its stamp, just before it, reports one (a file name holding a newline)."""
     if stamp is None:
@@ -131,7 +135,7 @@ def _piece(text: str, start: int, stamp: str | None) -> bool:
         if end < 0:
             return False
         begin = text.rfind("\n", 0, end) + 1
-        message = kernel_message(_line(text, begin, end))
+        message = kernel_message(kernel_line(text, begin, end))
         end = begin - 1
         if message is None:
             continue
@@ -151,8 +155,8 @@ def _stack(text: str, after: int) -> list[str]:
     for _ in range(STACK_LINES):
         if start > len(text):
             break
-        end = _line_end(text, start)
-        line = _line(text, start, end)
+        end = line_end(text, start)
+        line = kernel_line(text, start, end)
         start = end + 1
         if _WORD in line:
             break  # the next report reads its own stack

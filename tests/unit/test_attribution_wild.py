@@ -299,3 +299,21 @@ def test_an_oom_on_a_gpu_other_processes_hold_restarts() -> None:
 def test_the_jobs_own_oom_is_still_held(others: str) -> None:
     v = attribute_bundle(bundle(oom(others)))
     assert (v.category, v.action, v.culprit_nodes) == (Category.APPLICATION, Action.HOLD, [])
+
+
+def test_a_gpu_fallen_off_the_bus_without_an_xid_drains_its_node() -> None:
+    # NVIDIA/NVSentinel#155's dmesg record on n2 (no Xid), and the job's ranks timing out.
+    fallen = (
+        "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+        "               NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+        "               NVRM: fallen off the bus and is not responding to commands.\n"
+    )
+    b = bundle(HANG, {"n2": fallen})
+    v = attribute_bundle(b)
+    assert (v.category, v.culprit_nodes, v.action) == (
+        Category.GPU_HARDWARE,
+        ["n2"],
+        Action.ISOLATE_AND_RESTART,
+    ), v
+    assert v.corroboration == {"n2": ["kernel_log"]}
+    assert plan(b, v).drain_nodes == ["n2"]

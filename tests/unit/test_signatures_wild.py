@@ -437,3 +437,40 @@ def test_each_report_reads_its_own_stack_and_its_line() -> None:
     many = noise * 20_000 + LUSTRE_HUNG + noise * 20_000
     (only,) = hung_tasks(many)
     assert (only.line_no, only.filesystems) == (60_001, ["Lustre"])
+
+
+# ------------------------------------------------------------------ fallen off the bus, whole
+
+# NVIDIA/NVSentinel#155 (dmesg of an H100 fleet node, driver 570): the record printed whole, its
+# second and third lines indented under the first, and no Xid.
+FALLEN_DMESG = """\
+[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0
+               NVRM: (PCI ID: 10de:26b5) installed in this system has
+               NVRM: fallen off the bus and is not responding to commands.
+[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).
+"""
+
+
+def test_a_fallen_off_bus_record_printed_whole_is_read() -> None:
+    from relaunch.detection.kernel_records import fallen_off_bus
+
+    (record,) = fallen_off_bus(FALLEN_DMESG)
+    assert record.line_no == 1
+    # The catalogue alone never reads the indented lines (they could be a user's text).
+    found = CATALOGUE.scan(FALLEN_DMESG, source="node_log", source_node="n1", kernel=True)
+    assert [m.signature for m in found] == []
+    # A segfault report whose file name holds the same lines: its pieces are indented under
+    # the user's record, so no record start is the driver's.
+    forged = (
+        "[ 100.000001] a.out[7]: segfault at 0 ip 0 sp 0 error 4 in x\n"
+        "               NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+        "               NVRM: fallen off the bus and is not responding to commands.\n"
+    )
+    assert fallen_off_bus(forged) == []
+    # Split by imklog, each piece with the segfault's stamp: not the driver's either.
+    split = (
+        "[ 100.000001] a.out[7]: segfault at 0 ip 0 sp 0 error 4 in x\n"
+        "[ 100.000001] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+        "               NVRM: fallen off the bus and is not responding to commands.\n"
+    )
+    assert fallen_off_bus(split) == []
