@@ -40,8 +40,15 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from datetime import timedelta
 
-from relaunch.detection.findings import Finding, Findings, collect, line_hosts
+from relaunch.detection.findings import (
+    HUNG_TASK_FILESYSTEM,
+    Finding,
+    Findings,
+    collect,
+    line_hosts,
+)
 from relaunch.detection.health_events import untrusted_health_nodes
+from relaunch.detection.hung_tasks import hung_tasks
 from relaunch.detection.planning import default_action
 from relaunch.detection.signatures import Catalogue, Role, SignatureMatch
 from relaunch.detection.straggler import find_stragglers
@@ -102,6 +109,7 @@ def attribute_bundle(
     found = collect(bundle, cat)
     found.items = [f for f in found.items if not _foreign_banner(f, bundle.job.job_id)]
     found.items = _resolve_xids(found)
+    found.items = [_gpu_held(f) for f in found.items]
     verdict = _decide(bundle, found)
     # A running job whose ranks advance, with no trusted fault: nothing to restart (yet). An
     # application error the job reports about itself still holds it (that harms no one else).
@@ -249,7 +257,12 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
         return _verdict(Category.PREEMPTION, [], 0.95, _first(roots, "slurm_"), "job preempted")
 
     stalled = _stalled(bundle)
+    storage = [f for f in roots if f.signature == HUNG_TASK_FILESYSTEM]
     if state in ("TIMEOUT", "DEADLINE"):
+        if stalled and storage:
+            return _infrastructure(
+                storage[0], storage, bundle, f"ran into its time limit, {stalled}"
+            )
         if stalled:
             return _hang(bundle, found, f"ran into its time limit, {stalled}")
         return _verdict(
@@ -264,13 +277,17 @@ def _decide(bundle: Bundle, found: Findings) -> Verdict:
     decisive += _confirmed_kills(found)
     if decisive:
         first = min(decisive, key=_order)
+        under = [f for f in decisive if f.signature in UNDER_THE_JOB]
+        if first.signature == "python_exception" and under:
+            # A bare exception line (often a wrapper: CheckpointException, a RuntimeError
+            # around a failed save) says less than what failed under the job.
+            first = min(under, key=_order)
         category = first.category
         same = [f for f in decisive if f.category is category]
         if category is Category.APPLICATION:
             summary = f"application error: {first.match.text[:160]}"
             return _verdict(category, [], 0.9, same, summary)
-        summary = f"infrastructure: {first.match.text[:160]}"
-        return _verdict(category, [], 0.8, same, summary)
+        return _infrastructure(first, same, bundle, first.match.text[:160])
 
     restarts = [f for f in roots if _restart_only(f)]
     if restarts:
@@ -354,6 +371,131 @@ def _node_roots(bundle: Bundle, found: Findings, roots: list[Finding]) -> Verdic
     cascades = len(found.by_role(Role.CASCADE))
     summary = "; ".join(parts) + f"; {cascades} cascade line(s) on other ranks"
     return _verdict(category, culprits, confidence, evidence, summary)
+
+
+# Infrastructure roots that name what failed under the job (storage, a node-local resource,
+# the rendezvous port): the job is not at fault, and a restart (elsewhere) is right.
+GPU_HELD = "cuda_oom_gpu_held"
+UNDER_THE_JOB = frozenset(
+    {
+        HUNG_TASK_FILESYSTEM,
+        GPU_HELD,
+        "filesystem_error",
+        "node_resource_exhausted",
+        "nccl_shm_exhausted",
+        "store_address_in_use",
+    }
+)
+
+
+# PyTorch's CUDA OOM message (c10/cuda/CUDACachingAllocator.cpp, since 2.1): the GPU's capacity,
+# then, from NVML, `Process <pid> has <size> memory in use. ` for every *other* process on the
+# GPU and `Including non-PyTorch memory, this process has <size> ...` for its own.
+_OOM_CAPACITY = re.compile(r"GPU \d+ has a total capacity of (\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB)")
+_OOM_OTHER = re.compile(r"Process (\d{1,10}) has (\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB) memory in use")
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+# Other processes holding at least this share of the GPU: the job did not run itself out.
+HELD_SHARE = 0.5
+
+
+def _gpu_held(f: Finding) -> Finding:
+    """A CUDA OOM whose message shows other processes holding most of the GPU's memory (a
+    previous attempt's ranks that never exited, another job on a shared node) is a node-local
+    resource taken from under the job, not the job's own OOM: infrastructure, restart."""
+    if f.signature != "cuda_oom":
+        return f
+    capacity = _OOM_CAPACITY.search(f.match.text)
+    others = _OOM_OTHER.findall(f.match.text)
+    if capacity is None or not others:
+        return f
+    total = float(capacity[1]) * _UNITS[capacity[2]]
+    held = sum(float(size) * _UNITS[unit] for _, size, unit in others)
+    if total <= 0 or held < HELD_SHARE * total:
+        return f
+    update = {"signature": GPU_HELD, "category": Category.INFRASTRUCTURE, "role": Role.ROOT}
+    return Finding(f.match.model_copy(update=update), f.path, f.node, f.time)
+
+
+def _infrastructure(first: Finding, same: list[Finding], bundle: Bundle, why: str) -> Verdict:
+    """An infrastructure verdict (restart; no node blamed, none drained) that names what failed:
+    the file system and the nodes whose tasks hung in it, the resource, the port."""
+    hung = [f for f in same if f.signature == HUNG_TASK_FILESYSTEM]
+    if hung:
+        systems: list[str] = []
+        for f in hung:
+            for fs in _hung_filesystems(f, bundle):
+                if fs not in systems:
+                    systems.append(fs)
+        nodes = sorted({f.node for f in hung if f.node})
+        named = (
+            f"storage: tasks blocked in {'/'.join(systems) or 'a file system'} "
+            f"on {', '.join(nodes) or 'the nodes'}"
+        )
+    else:
+        named = resource(first, bundle)
+    return _verdict(Category.INFRASTRUCTURE, [], 0.8, same, f"infrastructure ({named}): {why}")
+
+
+def _hung_filesystems(f: Finding, bundle: Bundle) -> list[str]:
+    node_log = bundle.node_logs.get(f.node or "", "")
+    return next((t.filesystems for t in hung_tasks(node_log) if t.line_no == f.match.line_no), [])
+
+
+_PORT = re.compile(r"(?:port: |:)(\d{2,5})\b(?:, useIpv6| \(errno: 98)")
+_WRITER = re.compile(r"PytorchStreamWriter|unexpected pos \d|write\(\): fd \d")
+_QUOTED_PATH = re.compile(r"'(/[^'\n]{1,255})'|\b(/dev/shm)/")
+# A path's first parts that name its file system (/lustre/fs1, /gpfs/scratch, /dev/shm).
+_MOUNT_DEPTH = 2
+
+
+def resource(f: Finding, bundle: Bundle) -> str:
+    """What an infrastructure root names as having failed under the job: the storage (the file
+    system a hung task or an I/O error points at), a node-local resource (/dev/shm, /tmp, file
+    descriptors, a full disk), the rendezvous port, the driver or the GPU runtime."""
+    text = f.match.text
+    sig = f.signature
+    if sig == HUNG_TASK_FILESYSTEM:
+        systems = _hung_filesystems(f, bundle)
+        return f"storage: tasks blocked in {'/'.join(systems) or 'a file system'} on {f.node}"
+    if sig == "store_address_in_use":
+        port = _PORT.search(text)
+        return f"rendezvous port {port[1]} in use" if port else "rendezvous port in use"
+    if sig == GPU_HELD:
+        pids = ", ".join(pid for pid, _, _ in _OOM_OTHER.findall(text))
+        where = f" on {f.node}" if f.node else ""
+        return f"node-local resource: GPU memory held by other processes{where} (pid {pids})"
+    if sig == "nccl_shm_exhausted":
+        return "node-local resource: /dev/shm too small or full (NCCL shared memory)"
+    if sig == "node_resource_exhausted":
+        if "Too many open files" in text:
+            return "node-local resource: file descriptors"
+        if "shared memory" in text:
+            return "node-local resource: /dev/shm too small or full"
+        path = _path(text)
+        where = path if path else "a disk"
+        return f"node-local resource: no space left on {where}"
+    if sig == "filesystem_error":
+        path = _path(text)
+        what = "a checkpoint write failed" if _WRITER.search(text) else "I/O error"
+        return f"storage: {what} on {path}" if path else f"storage: {what}"
+    if f.match.xid is not None:
+        return "GPU driver"
+    return sig
+
+
+def _path(text: str) -> str:
+    """The file system a quoted path sits on: its first parts (``/lustre/fs1``), /tmp or
+    /dev/shm as themselves."""
+    found = _QUOTED_PATH.search(text)
+    if found is None:
+        return ""
+    path = found[1] or found[2]
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["dev", "shm"]:
+        return "/dev/shm"
+    if parts[:1] == ["tmp"]:
+        return "/tmp"
+    return "/" + "/".join(parts[:_MOUNT_DEPTH])
 
 
 def _down_in_slurm(state: str) -> bool:

@@ -23,6 +23,8 @@ from datetime import datetime, timedelta
 from typing import BinaryIO
 
 from relaunch.detection.health_events import health_matches, health_path
+from relaunch.detection.hung_tasks import hung_tasks
+from relaunch.detection.kernel_records import fallen_off_bus
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.signatures import (
     MAX_LINE,
@@ -81,7 +83,10 @@ _REPORTER = re.compile(r"(?:^|[\s\]])(?P<host>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\] "
 # A NIC event that is news only when NCCL's IB transport then fails on the same host (§2.11).
 _NIC_EVENTS = frozenset({"mlx5_cable_event", "mlx5_link_down", "netdev_watchdog"})
 # IB transport failures (not the non-fatal async events a flap that recovers also prints).
-_IB_FAILURES = frozenset({"nccl_ib_fatal", "nccl_ib_completion_error", "nccl_ibv_modify_qp"})
+_IB_FAILURES = frozenset(
+    {"nccl_ib_fatal", "nccl_ib_async_fatal_old", "nccl_ib_completion_error", "nccl_ibv_modify_qp"}
+)
+HUNG_TASK_FILESYSTEM = "hung_task_filesystem"
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,7 @@ def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
         stats = ScanStats()
         found = catalogue.scan(text, source="node_log", source_node=node, stats=stats, kernel=True)
         out.cut_lines += stats.cut_lines
+        found += hung_task_matches(text, node)
         for m in _capped(found, out.dropped, Counter()):
             finding = Finding(
                 m, f"nodes/{node}.log", node if node in job.nodes else None, m.timestamp
@@ -196,6 +202,44 @@ def collect(bundle: Bundle, catalogue: Catalogue) -> Findings:
             stale = floor is not None and finding.time is not None and finding.time < floor
             (out.stale if stale else out.items).append(finding)
     out.items = _network_links(out.items, addresses, job.nodes)
+    return out
+
+
+def hung_task_matches(text: str, node: str) -> list[SignatureMatch]:
+    """What a node's kernel log says over several lines: the driver's "fallen off the bus"
+    record printed whole (relaunch/detection/kernel_records.py), a GPU hardware root; hung-task
+    reports whose stacks run through a network file system (relaunch/detection/hung_tasks.py),
+    infrastructure roots on that node."""
+    out = [
+        SignatureMatch(
+            signature="nvrm_fallen_off_bus",
+            category=Category.GPU_HARDWARE,
+            role=Role.ROOT,
+            severity=5,
+            source="node_log",
+            line_no=record.line_no,
+            text=record.text,
+            host=node,
+            timestamp=record.time,
+        )
+        for record in fallen_off_bus(text)
+    ]
+    for task in hung_tasks(text):
+        if not task.filesystems:
+            continue
+        out.append(
+            SignatureMatch(
+                signature=HUNG_TASK_FILESYSTEM,
+                category=Category.INFRASTRUCTURE,
+                role=Role.ROOT,
+                severity=3,
+                source="node_log",
+                line_no=task.line_no,
+                text=task.text,
+                host=node,
+                timestamp=task.time,
+            )
+        )
     return out
 
 

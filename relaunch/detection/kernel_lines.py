@@ -69,6 +69,13 @@ _USER_FRAME = re.compile(r"\[(?:[0-9a-f]{1,16},)?[0-9a-f]{1,16}\+[0-9a-f]{1,16}\
 # characters, and may itself hold ", "). The cut goes to the last ", " the comm could reach.
 _XID_COMM = re.compile(rf"(,\s?(?:pid=(?:\d{{1,10}}|'<unknown>'),\s?)?)name={_COMM}, ")
 _XID_START = re.compile(r"NVRM: Xid \([^)]{0,64}\): \d{1,6}")
+# A stack frame as the kernel prints it (%pS): `[<address>] ` before 4.x's function, `? ` for
+# an unreliable frame, ` [module]` (since 5.x `[module buildid]`) for code outside vmlinux.
+_FRAME = re.compile(
+    r"\s{0,8}(?:\[<[0-9a-f]{8,16}>\] ?)?(?:\? )?"
+    r"(?P<fn>[A-Za-z_.$][\w.$]{0,127})\+0x[0-9a-f]{1,8}/0x[0-9a-f]{1,8}"
+    r"(?: \[(?P<mod>\w{1,64})(?: [0-9a-f]{1,64})?\])?\s{0,4}"
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,16 @@ class KernelMessage:
     """A kernel line's message (from its first character) and the kernel's own stamp, if any."""
 
     text: str
+    stamp: str | None
+
+
+@dataclass(frozen=True)
+class KernelFrame:
+    """One frame of a stack the kernel printed: the function, its module (None: built in) and
+    the line's kernel stamp."""
+
+    function: str
+    module: str | None
     stamp: str | None
 
 
@@ -96,6 +113,30 @@ def kernel_message(line: str) -> KernelMessage | None:
     """The message of a kernel-log line, or None when the line is not the kernel's: another
     syslog tag, a priority whose facility is not the kernel's, another facility in ``dmesg -x``,
     a continuation (leading white space) or an empty message."""
+    found = _kernel_text(line)
+    if found is None or found.text[0].isspace():
+        return None
+    return found
+
+
+def kernel_frame(line: str) -> KernelFrame | None:
+    """A stack frame the kernel printed (a hung task's or an oops' ``Call Trace:`` lines:
+    ``[<ffffffffc05523b4>] llog_process+0x14/0x20 [obdclass]`` up to 4.x, `` ? nfs_x+0x1/0x2
+    [nfs]`` since), on a line that is the kernel's, or None. The whole line must be the frame:
+    a function, its offset and size, and the module it lives in, all written by the kernel
+    (``%pS``); a user's text cannot add one (a comm is 15 bytes, shorter than any frame)."""
+    found = _kernel_text(line)
+    if found is None:
+        return None
+    frame = _FRAME.fullmatch(found.text)
+    if frame is None:
+        return None
+    return KernelFrame(frame["fn"], frame["mod"], found.stamp)
+
+
+def _kernel_text(line: str) -> KernelMessage | None:
+    """The text after the kernel's own prefix (possibly starting with white space), or None
+    when the line is not the kernel's or holds nothing."""
     found = _KERNEL_PREFIX.match(line)
     assert found is not None  # every part is optional
     kmsg, pri, level = found["kmsg"], found["pri"], found["level"]
@@ -108,7 +149,7 @@ def kernel_message(line: str) -> KernelMessage | None:
     if facility is not None and facility != "kern":
         return None
     text = line[found.end() :]
-    if not text or text[0].isspace():
+    if not text or text.isspace():
         return None
     return KernelMessage(text, found["stamp"])
 

@@ -49,10 +49,13 @@ MAX_LINE = 4096
 _ALLOWED_GROUPS = frozenset({"host", "xid"})
 _GLOBAL_FLAGS = re.compile(r"^\(\?[aiLmsux]+\)")
 
-# Prefixes, outermost first: srun -l label, syslog priority/time/host/tag, kernel stamps, PyTorch
-# rank. Every part is optional, so this always matches (maybe empty); it never crosses a newline.
+# Prefixes, outermost first: srun -l label, Open MPI's --timestamp-output / --tag-output
+# (`2019-06-02T16:13:44.884Z: [1,12]<stdout>:`), syslog priority/time/host/tag, kernel stamps,
+# PyTorch rank. Every part is optional, so this always matches (maybe empty); it never crosses a
+# newline.
 _PREFIX = re.compile(
     r"(?:[ \t]*(?:P\d+ )?(?P<task>\d+): )?"
+    r"(?:(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z: )?\[\d+,\d+\]<std(?:out|err)>: ?)?"
     r"(?:<\d+>)?"
     r"(?:(?:(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ (?:[\w./-]+(?:\[\d+\])?: )?)?"

@@ -1833,11 +1833,12 @@ def a_eaddrinuse(seed: int) -> Spec:
     J.srun("error: gpu35: task 0: Exited with exit code 1")
     J.srun("error: gpu36: task 1: Exited with exit code 1")
     return J.spec(
-        "app-store-port-in-use-at-launch",
-        "application",
+        "infra-store-port-in-use-at-launch",
+        "infrastructure",
         [],
-        "At launch the store fails with EADDRINUSE on port 29500: a port collision in "
-        "the launch configuration (§2.6), nothing on the nodes.",
+        "At launch the store fails with EADDRINUSE on port 29500: another process on the node "
+        "(a previous attempt's or another job's) holds the rendezvous port. Not the job's code "
+        "and no node fault: restart (issue 35; relabelled from application/hold).",
         state="FAILED",
         exit_code="1:0",
         reason="NonZeroExitCode",
