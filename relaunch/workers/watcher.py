@@ -695,6 +695,18 @@ class Watcher:
         self, job: Job, nodes: dict[str, Node], wall: datetime, clock: float
     ) -> list[Detection]:
         watch = self._jobs.get(job.job_id)
+        if (
+            watch is not None
+            and job.state is JobState.PENDING
+            and watch.job.state is JobState.PENDING
+            and job.restart_count == watch.restart_count
+            and not watch.logs
+            and not watch.node_since
+        ):
+            # Queued, unchanged, and never run while watched: no log, no node, nothing new. A
+            # queue of 50,000 costs a lookup each here, not a pass of its own (3 s a listing).
+            watch.job = job
+            return []
         if watch is None:
             fresh = job.restart_count == 0 and LINEAGE_KEY not in job.comment_fields
             watch = self._jobs[job.job_id] = JobWatch(

@@ -137,6 +137,26 @@ async def test_abnormal_end_is_reported_once(scheduler: FakeScheduler, tmp_path:
     assert await watcher.poll_once(T0 + timedelta(seconds=2)) == []
 
 
+async def test_a_queued_job_stays_watched_and_its_changes_are_seen_without_a_pass_of_its_own(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """A queued job that never ran and did not change costs a lookup per listing (no pass of
+    its own); it is still followed: its fresh snapshot is kept, and a requeue of the queued job
+    or its start is seen as for any job."""
+    scheduler.set_job(state=JobState.PENDING, nodes=[], reason="Priority")
+    watcher = make_watcher(scheduler, tmp_path)
+    assert await watcher.poll_once(T0) == []
+    scheduler.set_job(reason="Resources")
+    assert await watcher.poll_once(T0) == []
+    assert watcher._jobs["101"].job.reason == "Resources"
+    scheduler.set_job(restart_count=1)  # requeued while queued (scontrol requeue of a held job)
+    (found,) = await watcher.poll_once(T0 + timedelta(seconds=1))
+    assert (found.kind, found.attempt) == ("job_state:REQUEUED", 0)
+    scheduler.set_job(state=JobState.NODE_FAIL, nodes=["n1"], restart_count=1)
+    (ended,) = await watcher.poll_once(T0 + timedelta(seconds=2))
+    assert (ended.kind, ended.attempt) == ("job_state:NODE_FAIL", 1)
+
+
 async def test_requeue_by_slurm_names_the_interrupted_attempt(
     scheduler: FakeScheduler, tmp_path: Path
 ) -> None:
