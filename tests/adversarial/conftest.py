@@ -116,6 +116,10 @@ async def arena(tier: Tier) -> AsyncIterator[Tier]:
     back in service."""
     cancel_strangers(tier)
     await tier.h.restore_nodes()
+    # A job of an earlier test that was still completing (requeued) is pending by now: its
+    # start on a node would take the node from this test (a CI run's "Resources" wait).
+    if cancel_strangers(tier):
+        await tier.h.restore_nodes()
     try:
         yield tier
     finally:
@@ -127,11 +131,20 @@ async def arena(tier: Tier) -> AsyncIterator[Tier]:
         tier.release_fifos()
 
 
-def cancel_strangers(tier: Tier) -> None:
+# Every state a job can leave again (squeue's default leaves out some, e.g. REQUEUED and
+# REQUEUE_HOLD: a requeued job of an earlier test would come back and take a node).
+UNFINISHED = (
+    "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING,RESIZING,REQUEUED,REQUEUE_FED,"
+    "REQUEUE_HOLD,SIGNALING,STAGE_OUT,STOPPED"
+)
+
+
+def cancel_strangers(tier: Tier) -> list[str]:
     """Cancel the jobs of earlier tests on this worker's cluster (their harnesses' own clean-up
-    may still be under way): the arena needs every node idle, and keeps the tier's own jobs."""
+    may still be under way): the arena needs every node idle, and keeps the tier's own jobs.
+    The jobs cancelled."""
     listed = subprocess.run(
-        ["squeue", "-h", "-t", "PENDING,RUNNING,SUSPENDED", "-o", "%i|%k"],
+        ["squeue", "-h", "-t", UNFINISHED, "-o", "%i|%k"],
         env=tier.env,
         capture_output=True,
         text=True,
@@ -146,3 +159,4 @@ def cancel_strangers(tier: Tier) -> None:
     ]
     if strangers:
         subprocess.run(["scancel", *strangers], env=tier.env, timeout=30, check=False)
+    return strangers
