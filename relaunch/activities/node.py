@@ -110,7 +110,6 @@ class NodeActivities:
 
     # ------------------------------------------------------------------ join
 
-    @activity.defn(name="join_node_decisions")
     @typed_errors
     async def join_node_decisions(self, inp: JoinInput) -> Joined:
         """Join (signal-with-start) the running decision of each node in ``inp.nodes``, starting

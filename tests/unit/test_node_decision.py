@@ -159,7 +159,6 @@ class Evidence:
             dedupe_key=f"{inp.incident_id}:{inp.dedupe}" if inp.dedupe else None,
         )
 
-    @activity.defn(name="gather_evidence")
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
         job = await self.rig.sched.get_job(inp.job_id)
         if job.restart_count > inp.attempt:  # requeued since: the attempt's, as the real one
@@ -176,7 +175,6 @@ class Evidence:
         self.nodes[inp.incident_id] = job.nodes
         return EvidenceSummary(incident_id=inp.incident_id, bundle_path=inp.incident_id, job=snap)
 
-    @activity.defn(name="attribute")
     async def attribute(self, inp: AttributeInput) -> Verdict:
         node = self.nodes[inp.bundle_path][0]
         return Verdict(
@@ -234,13 +232,10 @@ async def rig() -> AsyncIterator[Rig]:
         steps: list[Any] = [
             evidence.record_detection,
             evidence.record_event,
-            evidence.gather_evidence,
-            evidence.attribute,
             evidence.plan,
             actions.isolate,
             actions.hold,
             node.investigate,
-            node.join_node_decisions,
             node.plan_node,
             node.requeue_batch,
             node.look_again,
