@@ -345,9 +345,7 @@ class NodeDecisionWorkflow:
             first=first,
             report=report,
             policy=inp.policy,
-            isolate=True,
             stage_summary=summary,
-            requeue_ahead=report is not None,
         )
         self._report_used = report is not None
         self._stage = Stage.PLANNING

@@ -896,8 +896,7 @@ async def test_a_requeue_ahead_spares_cancelled_jobs_and_spent_budgets() -> None
         node="n3",
         report=report,
         policy=Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0),
-        isolate=True,
-        requeue_ahead=True,
+        stage_summary="node decision for n3: reported by the watcher",
     )
     node = NodeActivities(deps)
     for _ in range(2):  # the step, and a retry of it (which finds n3 out by its own drain)
@@ -937,7 +936,7 @@ async def test_a_plan_retried_after_its_worker_died_still_hands_the_node_to_its_
         node="n4",
         report=_report("n4", 0),
         policy=Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0),
-        isolate=True,
+        stage_summary="node decision for n4: reported by the watcher",
     )
     with pytest.raises(RuntimeError):
         await ActivityEnvironment().run(node.plan_node, plan_input)
