@@ -1,4 +1,5 @@
-"""Activities that change the cluster: isolate (drain, fence), restart, hold, and verify.
+"""Activities that change the cluster: isolate (drain, fence), restart, hold; and the looks at a
+restarted job (verify_check).
 
 Each re-reads the scheduler before acting (the adapter's actions are idempotent), so that an
 approval that arrives late, or a retry after a worker crash, never repeats what is done."""
@@ -314,55 +315,6 @@ class ActionActivities:
         result = await self.deps.scheduler.hold_job(job.job_id)
         await self._audit_action(inp.incident_id, "hold", result)
         return StepOutcome(ok=True, changed=result.changed, detail=result.note or "held")
-
-    @activity.defn(name="verify")
-    @typed_errors
-    @keeps_heartbeating
-    async def verify(self, inp: VerifyInput) -> StepOutcome:
-        """The job runs on healthy nodes and, where it prints progress, gets past its checkpoint."""
-        sched = self.deps.scheduler
-        deadline = time.monotonic() + inp.timeout_s
-        while True:
-            job = await sched.get_job_brief(inp.job_id)  # polled: the cheap shared listing
-            bad = set(job.nodes) & set(inp.avoid_nodes)
-            if bad and job.state is JobState.RUNNING:
-                bad -= await self._validated_since(inp, bad)
-            beat(f"{job.state.value} on {','.join(job.nodes) or '-'}")
-            if job.state is JobState.RUNNING and not bad:
-                break
-            if job.state.is_terminal:
-                raise VerificationError(f"job {job.job_id} ended ({job.state.value}) instead")
-            if time.monotonic() > deadline:
-                raise VerificationError(
-                    f"job {job.job_id} not running on healthy nodes after {inp.timeout_s:.0f}s "
-                    f"({job.state.value} {job.reason})"
-                )
-            await asyncio.sleep(1.0)
-        detail = f"RUNNING on {','.join(job.nodes)}"
-        if inp.checkpoint_step is not None and job.stdout_path:
-            # The user and group lookups may go to a directory service: not on the loop.
-            access = await asyncio.to_thread(FileAccess.for_job, job, self.deps.config.job_output)
-            progress = await self._progress_past(job, inp.checkpoint_step, deadline, access)
-            detail += f"; {progress}"
-        await self._verified(inp, job, detail)
-        return StepOutcome(ok=True, detail=detail)
-
-    async def _progress_past(
-        self, job: Job, checkpoint: int, deadline: float, access: FileAccess
-    ) -> str:
-        """Wait for the restarted attempt's resume line and a step beyond it in the job log
-        (read only as the job's user may: see relaunch.connectors.joboutput), in any
-        framework's words (relaunch.detection.progress)."""
-        while True:
-            found = await self._resumed(job, access)
-            # An earlier attempt's resume line names an older checkpoint than the one saved
-            # before this fault; only a resume from at least that step is this restart's.
-            if found is not None and found.step >= checkpoint:
-                return _resume_text(found, checkpoint)
-            if time.monotonic() > deadline:
-                raise VerificationError("the restarted job shows no training progress")
-            beat("waiting for progress past the checkpoint")
-            await asyncio.sleep(1.0)
 
     async def _resumed(self, job: Job, access: FileAccess) -> ResumeProgress | None:
         """The last resume in the end of the job's log and the latest step past it."""

@@ -199,7 +199,6 @@ class EvidenceActivities:
             data=data,
         )
 
-    @activity.defn(name="gather_evidence")
     @typed_errors
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
         sched = self.deps.scheduler
@@ -330,7 +329,6 @@ class EvidenceActivities:
         )
         return summary
 
-    @activity.defn(name="attribute")
     @typed_errors
     async def attribute(self, inp: AttributeInput) -> Verdict:
         bundle = await asyncio.to_thread(read_bundle, Path(inp.bundle_path))

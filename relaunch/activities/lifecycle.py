@@ -658,13 +658,3 @@ class LifecycleActivities:
                 await client.get_workflow_handle(wf.id).signal("back_in_service", note)
         except RPCError as exc:  # the decision then closes after its join window, as before
             log.warning("could not tell %s's decision it is back: %s", inp.node, exc)
-
-    @activity.defn(name="lifecycle_node_state")
-    @typed_errors
-    async def node_state(self, inp: NodeStepInput) -> str:
-        """The node's state from a fresh read ("" when Slurm no longer lists it)."""
-        try:
-            node = await self.deps.scheduler.get_node(inp.node)
-        except NodeNotFoundError:
-            return ""
-        return node.display_state + (f" ({node.reason})" if node.reason else "")

@@ -110,7 +110,6 @@ class NodeActivities:
 
     # ------------------------------------------------------------------ join
 
-    @activity.defn(name="join_node_decisions")
     @typed_errors
     async def join_node_decisions(self, inp: JoinInput) -> Joined:
         """Join (signal-with-start) the running decision of each node in ``inp.nodes``, starting
@@ -171,10 +170,12 @@ class NodeActivities:
     async def plan_node(self, inp: NodePlanInput) -> NodePlan:
         """The node's drain under the blast-radius guard, on a fresh read of the nodes. From
         the first job that joined, or from the watcher's report when that came first: then the
-        node is probed again, and one that answers is not convicted on the report."""
+        node is probed again, and one that answers is not convicted on the report. Records the
+        decision's planning stage first; where no person need approve, isolates the node too,
+        and once it is isolated on a report a fresh probe confirmed, requeues the report's jobs
+        ahead of their joins."""
         policy = inp.policy
-        if inp.stage_summary is not None:
-            await self._stage_row(inp, Stage.PLANNING, inp.stage_summary)
+        await self._stage_row(inp, Stage.PLANNING, inp.stage_summary)
         since = datetime.now(UTC) - timedelta(hours=policy.drain_window_hours)
         # Read without the cluster's drain lock: the plan is what a person approves, and
         # `isolate` re-checks the guard under the lock on fresh state before it drains. The
@@ -251,14 +252,14 @@ class NodeActivities:
             },
         )
         await self.deps.audit_guards(inp.decision_id, guards)
-        if inp.isolate and plan.mode is Mode.AUTONOMOUS and not plan.needs_override:
+        if plan.mode is Mode.AUTONOMOUS and not plan.needs_override:
             if plan.drain or plan.fence:
                 await self._stage_row(inp, Stage.ISOLATING, f"isolating {inp.node}")
             act = ActInput(incident_id=inp.decision_id, cluster=inp.cluster, plan=plan.isolation())
             isolated = await ActionActivities(self.deps).isolate(act)
             plan = plan.model_copy(update={"isolated": isolated})
             told = inp.report
-            if inp.requeue_ahead and isolated.ok and conviction.unreachable and told:
+            if isolated.ok and conviction.unreachable and told:
                 # Drained and fenced, its slurmd silent to a fresh probe: Slurm ends every
                 # job there. Requeue the watched ones now, not as their recoveries join.
                 ahead = await self._requeue_ahead(inp, told.running)

@@ -193,12 +193,13 @@ class NodePlan(BaseModel):
     )
     isolated: StepOutcome | None = Field(
         default=None,
-        description="what `isolate` did, when plan_node isolated the node at once (asked to, "
-        "and no person need approve: autonomous mode, the guard allows)",
+        description="what `isolate` did, when plan_node isolated the node at once (no person "
+        "need approve: autonomous mode, the guard allows)",
     )
     ahead: list[Ahead] = Field(
         default_factory=list,
-        description="the jobs requeued ahead of their joins (``NodePlanInput.requeue_ahead``)",
+        description="the jobs of the watcher's report requeued ahead of their joins, once the "
+        "node was isolated on a report a fresh probe confirmed",
     )
 
     def isolation(self) -> ActionPlan:
@@ -235,18 +236,8 @@ class NodePlanInput(BaseModel):
         "join; with ``first``, only the jobs to requeue ahead of their joins",
     )
     policy: Policy
-    isolate: bool = Field(
-        default=False,
-        description="isolate the node in the same activity when no person need approve: one "
-        "step less between a rack's failure and its drains",
-    )
-    stage_summary: str | None = Field(
-        default=None, description="record the decision's planning stage with this summary first"
-    )
-    requeue_ahead: bool = Field(
-        default=False,
-        description="once the node is isolated on a report confirmed by a fresh probe, requeue "
-        "the report's jobs (``NodeReport.running``) in the same activity",
+    stage_summary: str = Field(
+        description="the summary of the decision's planning stage, which plan_node records first"
     )
 
 

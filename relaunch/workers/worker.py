@@ -69,16 +69,12 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
     return [
         evidence.record_detection,
         evidence.record_event,
-        evidence.gather_evidence,
-        evidence.attribute,
         evidence.plan,
         actions.isolate,
         actions.restart,
         actions.hold,
-        actions.verify,
         actions.verify_check,
         node.investigate,
-        node.join_node_decisions,
         node.plan_node,
         node.requeue_batch,
         node.look_again,
@@ -89,7 +85,6 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         life.apply_rung,
         life.escalate,
         life.return_node,
-        life.node_state,
     ]
 
 

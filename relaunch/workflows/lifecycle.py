@@ -95,13 +95,6 @@ LONG = CallPolicy(
     ),
     heartbeat=timedelta(seconds=15),
 )
-# A run that says nothing about the node (a user's job never left it, or a check failed beside
-# a user's process) sends the node to a person instead of up the ladder.
-INCONCLUSIVE = "lifecycle-inconclusive-to-person"
-# Lifecycles started after this patch ask first in monitor mode for the diagnosing checks (the
-# reservation and the check jobs) and for the repair ticket too, unless the policy's
-# auto_actions names them; older ones ran both without asking.
-MONITOR_ASKS_FIRST = "lifecycle-monitor-asks-first"
 # While the node waits for its repair, the lifecycle wakes this often to start afresh
 # (continue-as-new) where Temporal suggests it: it may wait for weeks.
 REPAIR_WAKE = timedelta(days=1)
@@ -129,7 +122,6 @@ class NodeLifecycleWorkflow:
         self._ticket = ""
         self._outcome = ""
         self._visits = 0  # stages entered: each stage row's dedupe key
-        self._asks_first = False  # MONITOR_ASKS_FIRST
 
     # ------------------------------------------------------------------ messages
 
@@ -317,10 +309,12 @@ class NodeLifecycleWorkflow:
         return by
 
     def _asks(self, action: AutoAction) -> bool:
-        """Whether monitor mode asks a person before ``action`` (MONITOR_ASKS_FIRST)."""
+        """Whether a person is asked before ``action``: in monitor mode, for the diagnosing
+        checks (the reservation and the check jobs) and the repair ticket too, unless the
+        policy's auto_actions names them."""
         inp = self._input
         assert inp is not None
-        return self._asks_first and action not in inp.auto_actions
+        return inp.mode is Mode.MONITOR and action not in inp.auto_actions
 
     async def _checks(self, purpose: str, *, ask: bool = False) -> CheckRun:
         """Fence the node off in its reservation, run the checks, record them; with ``ask``,
@@ -360,8 +354,6 @@ class NodeLifecycleWorkflow:
     async def run(self, inp: LifecycleInput) -> LifecycleStatus:
         self._input = inp
         self._id = workflow.info().workflow_id
-        if inp.mode is Mode.MONITOR:  # asked in the first workflow task
-            self._asks_first = workflow.patched(MONITOR_ASKS_FIRST)
         if inp.carry is not None:  # continued as new while the node waited for its repair
             c = inp.carry
             self._faults, self._recorded, self._ladder = c.faults, len(c.faults), c.ladder
@@ -450,9 +442,11 @@ class NodeLifecycleWorkflow:
         )
 
     async def _not_conclusive(self, run: CheckRun) -> None:
-        """A run that says nothing about the node is never a reason for a rung: the node is
-        held and goes to a person (repair) with the reason. Raises _Escalate for such a run."""
-        if run.inconclusive and workflow.patched(INCONCLUSIVE):
+        """A run that says nothing about the node (a user's job never left it, or a check failed
+        beside a user's process) is never a reason for a rung: the node is held and goes to a
+        person (repair) with the reason instead of up the ladder. Raises _Escalate for such a
+        run."""
+        if run.inconclusive:
             await self._hold("checks inconclusive")
             raise _Escalate(f"the checks were inconclusive: {run.inconclusive}")
 

@@ -54,7 +54,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from relaunch.workflows.recovery import (
         ACT,
-        INVESTIGATE,
         PAST,
         SA_CLUSTER,
         SA_MODE,
@@ -66,23 +65,19 @@ with workflow.unsafe.imports_passed_through():
         stage_attributes,
     )
 
-# Decisions started after this patch plan and, where no person need approve (autonomous mode,
-# the guard allows), isolate the node in one activity that also records the planning stage:
-# when a rack fails, each workflow task of the decision waits behind hundreds of the
-# recoveries', and every job's first action is this drain. Older histories replay unpatched.
-PLAN_ISOLATES = "node-plan-isolates"
-# Decisions started after this patch, on a report that a fresh probe confirms, requeue the
-# report's jobs as soon as the node is isolated (in plan_node), instead of as their recoveries
-# join: a rack's jobs are back in the queue seconds after the failure, not after hundreds of
-# recoveries have gathered their evidence. The joins then only complete each job's trail.
-REQUEUE_AHEAD = "node-requeue-ahead"
-# Decisions started after this patch look at a drained node again (`look_again`) when they
-# hold the watcher's report but did not requeue its jobs ahead: the report came after the drain
-# (a job's join started the decision), or the node's slurmd still answered plan_node's probe (a
-# node's Xid line is often written before it dies). Once the slurmd is silent, the node is
-# fenced and the report's jobs that have not joined are requeued ahead.
-LOOK_AGAIN = "node-look-again"
-# When to look, after the drain; a report that comes later is looked at once.
+# A decision plans and, where no person need approve (autonomous mode, the guard allows),
+# isolates the node in one activity (`plan_node`) that also records the planning stage: when a
+# rack fails, each workflow task of the decision waits behind hundreds of the recoveries', and
+# every job's first action is this drain. On a report that a fresh probe confirms, plan_node
+# also requeues the report's jobs as soon as the node is isolated, ahead of their recoveries'
+# joins: a rack's jobs are back in the queue seconds after the failure; the joins then only
+# complete each job's trail.
+#
+# A decision that holds the watcher's report but did not requeue its jobs ahead (the report
+# came after the drain, or the node's slurmd still answered plan_node's probe: a node's Xid
+# line is often written before it dies) looks at the drained node again (`look_again`). Once
+# the slurmd is silent, the node is fenced and the report's jobs that have not joined are
+# requeued ahead. When to look, after the drain; a report that comes later is looked at once.
 LOOKS = tuple(timedelta(seconds=s) for s in (1, 3, 6, 10, 20))
 
 # How long a decision stays open after its last join: later detections of the same failure
@@ -124,15 +119,13 @@ class NodeDecisionWorkflow:
         # Once the decision is made: what every job that joins gets (None: requeue it).
         self._final: tuple[JobOutcome, str] | None = None
         self._report: NodeReport | None = None
-        self._isolates_at_plan = False
-        # LOOK_AGAIN: whether plan_node had the report, when the node was isolated, how many
-        # looks were made, and whether looking is over.
-        self._looks_again = False
+        # Looking again: whether plan_node had the report, when the node was isolated, how
+        # many looks were made, and whether looking is over.
         self._report_used = False
         self._isolated_at: datetime | None = None
         self._looks = 0
         self._looked = False
-        # The jobs plan_node requeued ahead of their joins, by job id (REQUEUE_AHEAD).
+        # The jobs plan_node (or a look again) requeued ahead of their joins, by job id.
         self._ahead: dict[str, Ahead] = {}
         # Set when the node turned out to be back in service: why the decision closed.
         self._back = ""
@@ -291,8 +284,6 @@ class NodeDecisionWorkflow:
 
     @workflow.run
     async def run(self, inp: NodeDecisionInput) -> NodeDecisionStatus:
-        self._isolates_at_plan = workflow.patched(PLAN_ISOLATES)
-        self._looks_again = workflow.patched(LOOK_AGAIN)
         self._input = inp
         self._id = workflow.info().workflow_id
         workflow.upsert_search_attributes(
@@ -323,7 +314,7 @@ class NodeDecisionWorkflow:
         if plan is not None:
             self._plan = plan
             workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
-            if plan.isolated is not None:  # planned and isolated in one step (PLAN_ISOLATES)
+            if plan.isolated is not None:  # planned and isolated in one step
                 ok = plan.isolated.ok
                 self._isolated_at = workflow.now()
                 self._final = None if ok else (JobOutcome.HOLD, plan.isolated.detail)
@@ -341,10 +332,10 @@ class NodeDecisionWorkflow:
     async def _plan_drain(
         self, summary: str, *, first: JoinRequest | None = None, report: NodeReport | None = None
     ) -> NodePlan | None:
-        """Plan the drain from the first job that joined or from the watcher's report. With
-        PLAN_ISOLATES, `plan_node` records the planning stage and, where no person need approve,
-        isolates the node too: one activity between the failure and the drain. None when that
-        failed (every job's recovery then goes on alone, as when `isolate` fails)."""
+        """Plan the drain from the first job that joined or from the watcher's report:
+        `plan_node` records the planning stage and, where no person need approve, isolates the
+        node too: one activity between the failure and the drain. None when that failed (every
+        job's recovery then goes on alone, as when `isolate` fails)."""
         inp = self._input
         assert inp is not None
         plan_input = NodePlanInput(
@@ -354,27 +345,11 @@ class NodeDecisionWorkflow:
             first=first,
             report=report,
             policy=inp.policy,
+            stage_summary=summary,
         )
         self._report_used = report is not None
-        if self._isolates_at_plan:
-            self._stage = Stage.PLANNING
-            workflow.upsert_search_attributes(stage_attributes(Stage.PLANNING))
-            plan_input = plan_input.model_copy(
-                update={
-                    "isolate": True,
-                    "stage_summary": summary,
-                    "requeue_ahead": report is not None and workflow.patched(REQUEUE_AHEAD),
-                }
-            )
-        else:
-            await self._stage_to(Stage.PLANNING, summary)
-        if not self._isolates_at_plan:
-            return await call(
-                NodeActivities.plan_node,
-                plan_input,
-                INVESTIGATE,
-                f"plan the decision for {inp.node}",
-            )
+        self._stage = Stage.PLANNING
+        workflow.upsert_search_attributes(stage_attributes(Stage.PLANNING))
         try:
             plan = await call(
                 NodeActivities.plan_node, plan_input, ACT, f"plan and isolate {inp.node}"
@@ -473,7 +448,7 @@ class NodeDecisionWorkflow:
 
     async def _joined_within_window(self) -> bool:
         """Wait up to JOIN_WINDOW for a job to join (or a report that came late, to look at
-        the node for: LOOK_AGAIN); whether either did."""
+        the node for); whether either did."""
         try:
             await workflow.wait_condition(
                 lambda: bool(self._pending) or self._look_due_at() is not None or bool(self._back),
@@ -486,7 +461,7 @@ class NodeDecisionWorkflow:
 
     async def _serve_joins(self) -> None:
         """Requeue (or tell the fate of) every job that joined, batch by batch, until no job
-        has joined for JOIN_WINDOW; look at the node again when due (LOOK_AGAIN)."""
+        has joined for JOIN_WINDOW; look at the node again when due."""
         inp = self._input
         assert inp is not None
         while True:
@@ -533,12 +508,12 @@ class NodeDecisionWorkflow:
     # ------------------------------------------------------------------ look again
 
     def _look_due_at(self) -> datetime | None:
-        """When to look at the node again (LOOK_AGAIN), or None: a decision that drained the
+        """When to look at the node again, or None: a decision that drained the
         node on its own (autonomous), holds the watcher's report of its jobs, and has not
         requeued them ahead, because the report came after the drain or the node still
         answered plan_node's probe (then it was drained, not fenced)."""
         plan, report, at = self._plan, self._report, self._isolated_at
-        if not self._looks_again or self._looked or report is None or not report.running:
+        if self._looked or report is None or not report.running:
             return None
         if plan is None or plan.isolated is None or not plan.isolated.ok or at is None:
             return None

@@ -1,8 +1,11 @@
 """RecoveryWorkflow: one durable workflow per interrupted job attempt.
 
-gather evidence → attribute → plan → (monitor mode: wait for approve / reject / expiry) →
-isolate → restart → verify. A plan a guard refused runs only on an operator's approval (an
-override); autonomous mode holds it, and a drain that `isolate` refuses holds the job too.
+investigate (gather evidence, attribute, join the node decisions of the nodes the verdict
+convicts on trusted evidence) → either the job's outcome from its node decision, or the job's
+own plan → (monitor mode: wait for approve / reject / expiry) → isolate → restart → verify (short
+looks with a durable timer between them). A plan a guard refused runs only on an operator's
+approval (an override); autonomous mode holds it, and a drain that `isolate` refuses holds the
+job too. A job Slurm no longer knows ends in no_action; a cancelled job is not restarted.
 A decision comes by the `decide` update, whose validator refuses it unless one is awaited, or by
 the `approve` / `reject` signals (the Temporal UI's), which are audited when they come too late.
 Orchestration only: every decision and side effect is an activity, so its result is in the
@@ -33,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
         Action,
         ActionPlan,
         Approval,
-        AttributeInput,
         AutoAction,
         Decision,
         DecisionInput,
@@ -85,7 +87,8 @@ class CallPolicy:
     # Retries stop when this much time has passed since the first attempt (None: only the
     # retry policy's attempts limit them).
     give_up_after: timedelta | None = None
-    # Run locally: backoffs longer than this wait on a workflow timer, not in the worker.
+    # Run locally (audit rows, a look at a job): backoffs longer than this wait on a workflow
+    # timer, not in the worker.
     local_retry_threshold: timedelta | None = None
 
 
@@ -102,7 +105,9 @@ OUTAGE_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=0,  # unlimited: OUTAGE_TOLERANCE bounds them
 )
-# These steps run as local activities (LOCAL_QUICK_STEPS). A local activity retries inside its
+# The audit rows and the looks at a restarted job run as local activities: in the worker, inside
+# the workflow task, without a round trip through the server's task queues (when a switch takes
+# out a rack, hundreds of recoveries start at once). A local activity retries inside its
 # workflow task, which the worker keeps alive with a workflow-task heartbeat every few seconds;
 # from a backoff of 16 s on, each retry waits on a workflow timer instead: a 30-minute outage
 # adds about 60 timers to the history rather than hundreds of heartbeat tasks.
@@ -133,8 +138,9 @@ ACT = CallPolicy(
 )
 
 # The steps that read Slurm, the job's nodes (probes, SSH), the log store and the database at
-# length: gather_evidence and plan (see IO_STEPS_AS_ACTIVITIES). Ordinary activities, each
-# attempt bounded by its own timeout, retried through an outage as the quick steps are.
+# length (investigate, plan): ordinary activities, since a local activity would hold the
+# workflow task for as long as it runs; each attempt bounded by its own timeout, retried
+# through an outage as the quick steps are.
 INVESTIGATE = CallPolicy(
     timedelta(seconds=120),
     OUTAGE_RETRY,
@@ -150,42 +156,6 @@ INVESTIGATE_BEATING = CallPolicy(
 )
 
 
-# Recoveries started after this patch run their quick steps (audit records, evidence,
-# attribution, planning) as local activities: in the worker, inside the workflow task, without a
-# round trip through the server's task queues for each. When a switch takes out a rack, hundreds
-# of recoveries start at once and the server's queue dispatch is what paces them. Actions stay
-# ordinary activities (heartbeats, retries on another worker). Older histories replay unpatched.
-LOCAL_QUICK_STEPS = "local-quick-steps"
-
-# Recoveries started after this patch run gather_evidence and plan (seconds of Slurm, SSH, log
-# store and database reads) as ordinary activities (INVESTIGATE): a local activity holds the
-# workflow task for as long as it runs. Local activities stay for what takes milliseconds (audit
-# rows, attribution of the gathered bundle). Older histories replay unpatched.
-IO_STEPS_AS_ACTIVITIES = "io-steps-as-activities"
-
-# Recoveries started after this patch set the RelaunchStage search attribute on every stage,
-# attributing and planning included (older ones set it only on the stages they record).
-STAGE_ATTRIBUTE_EVERY_STAGE = "stage-attribute-every-stage"
-
-# Recoveries started after this patch record an approve or reject signal that came when no
-# decision was awaited (another stage, or already decided) as a `late_decision` audit row;
-# older ones only logged it.
-LATE_DECISIONS_RECORDED = "late-decisions-recorded"
-
-# Recoveries started after this patch act on a guard's refusal: a plan a guard refused
-# (needs_override) is put to a human as an override in monitor mode and held in autonomous mode;
-# a drain that `isolate` refuses on fresh state (recoveries racing for the blast radius) holds
-# the job instead of restarting it; the suspects of an exclude_and_restart are recorded. Older
-# histories, whose plans never carry these, replay unpatched.
-GUARD_REFUSALS = "guard-refusals"
-
-# Recoveries started after this patch join the node decision of each culprit their verdict
-# convicts on trusted evidence (relaunch/workflows/node_decision.py) instead of planning their
-# own drain: the decision drains the node once and requeues its jobs in batches, and the
-# recovery waits for its job's outcome. They also verify a restarted job by short checks with
-# a durable timer between them (`verify_check`), holding no activity slot while the job comes
-# back. Older histories replay unpatched.
-NODE_DECISIONS = "node-decisions"
 # Before each look at a restarted job: 5 s, growing by half each time, to 10 s. A requeued job
 # waits out Slurm's cred_expire (10 s at the least that is sane) before it runs again, so an
 # earlier look finds nothing; each look is a workflow task, and hundreds of recoveries look at
@@ -196,18 +166,6 @@ VERIFY_MAX_PAUSE = timedelta(seconds=10)
 # before it goes on alone (a decision terminated by hand, a stuck batch).
 NODE_WAIT_SLACK = timedelta(minutes=15)
 
-# Recoveries started after this patch end with a recorded no_action stage when the job has
-# left Slurm before its evidence is gathered (cancelled and aged out, a cluster reset), instead
-# of failing the workflow. Older histories that failed there replay unpatched.
-JOB_LEFT_SLURM = "job-left-slurm"
-
-
-# Recoveries started after this patch end once the convicted nodes are drained when Slurm lists
-# the job CANCELLED (plan.job_cancelled: its user's scancel, with a trusted fault on one of its
-# nodes), instead of restarting the job against that cancel. Older histories replay unpatched.
-CANCELLED_NOT_RESTARTED = "cancelled-not-restarted"
-
-
 # While a cluster is paused, a step that would change it, its retries spent, waits this long
 # before it is called again, doubling to the most: an unpause takes effect within
 # PAUSED_MAX_WAIT (sooner while the step's own retries run). Each wait adds about 11 events to
@@ -215,11 +173,6 @@ CANCELLED_NOT_RESTARTED = "cancelled-not-restarted"
 # Temporal's limit of 51,200.
 PAUSED_FIRST_WAIT = timedelta(seconds=5)
 PAUSED_MAX_WAIT = timedelta(minutes=5)
-
-
-# Recoveries started after this patch ask first in monitor mode for a hold too (a `hold`
-# plan), unless the policy's auto_actions names `hold`; older ones held without asking.
-MONITOR_ASKS_HOLD = "monitor-asks-hold"
 
 
 def stage_attributes(stage: Stage) -> list[SearchAttributeUpdate[Any]]:
@@ -241,8 +194,7 @@ async def call(
     """Run the activity method ``step`` (its name and result type from its definition) with
     its policy, as a local activity with ``local``. A step that changes the cluster refuses
     while the cluster is paused (ClusterPausedError): once its retries are spent, it is called
-    again after a durable timer, until the unpause (histories without a pause replay as before:
-    no step of theirs failed so)."""
+    again after a durable timer, until the unpause."""
     wait = PAUSED_FIRST_WAIT
     while True:
         try:
@@ -349,54 +301,10 @@ class RecoveryWorkflow:
         self._named_nodes: set[str] = set()
         self._late_decisions = 0
         self._outcome = ""
-        self._patches: dict[str, bool] = {}
         # The node decisions this recovery joined (node → id, and the one that requeues its
         # job), and the latest news from each decision (an outcome, once given, stays).
         self._joined = Joined()
         self._node_updates: dict[str, NodeUpdate] = {}
-
-    def _patched(self, patch_id: str) -> bool:
-        """``workflow.patched(patch_id)``, asked once per run and remembered."""
-        if patch_id not in self._patches:
-            self._patches[patch_id] = workflow.patched(patch_id)
-        return self._patches[patch_id]
-
-    def _ask_patches(self) -> None:
-        """Ask the patches in the run's first workflow task, before any local activity ends.
-
-        A replay resolves a local activity from its marker at once, which can carry the code
-        past the end of the workflow task the run was in (a query or a signal ends a workflow
-        task early): a patch first asked there would not find its marker, and the replay would
-        fail. Asked here, every patch's marker is in the first workflow task. The patches of
-        older versions are asked here too in recoveries started with IO_STEPS_AS_ACTIVITIES;
-        older recoveries keep asking them where they did."""
-        for patch_id in (
-            IO_STEPS_AS_ACTIVITIES,
-            STAGE_ATTRIBUTE_EVERY_STAGE,
-            LATE_DECISIONS_RECORDED,
-        ):
-            self._patched(patch_id)
-        if self._patched(IO_STEPS_AS_ACTIVITIES):
-            self._patched(GUARD_REFUSALS)
-            self._patched(JOB_LEFT_SLURM)
-            self._patched(NODE_DECISIONS)
-            self._patched(CANCELLED_NOT_RESTARTED)
-            self._patched(MONITOR_ASKS_HOLD)
-
-    @property
-    def _quick_local(self) -> bool:
-        """Whether this recovery runs its quick steps locally (see LOCAL_QUICK_STEPS)."""
-        return self._patched(LOCAL_QUICK_STEPS)
-
-    @property
-    def _io_local(self) -> bool:
-        """Whether gather_evidence and plan run locally (see IO_STEPS_AS_ACTIVITIES)."""
-        return self._quick_local and not self._patched(IO_STEPS_AS_ACTIVITIES)
-
-    @property
-    def _acts_on_refusals(self) -> bool:
-        """Whether this recovery acts on guard refusals (see GUARD_REFUSALS)."""
-        return self._patched(GUARD_REFUSALS)
 
     # ------------------------------------------------------------------ messages
 
@@ -431,7 +339,7 @@ class RecoveryWorkflow:
             RecordDetectionInput(incident_id=incident, detection=det),
             RECORD,
             f"detection: {det.kind}",
-            local=self._quick_local,
+            local=True,
         )
 
     @workflow.signal
@@ -532,15 +440,13 @@ class RecoveryWorkflow:
 
     async def _signalled(self, decision: Decision, approval: Approval) -> None:
         """An approve or reject signal: the decision when one is awaited; otherwise ignored,
-        and (LATE_DECISIONS_RECORDED) put in the audit trail as a late decision."""
+        and put in the audit trail as a late decision."""
         why = self._not_awaiting()
         if why is None:
             self._decision = (decision, approval)
             await self._forward(decision, approval)
             return
         workflow.logger.warning("ignored %s by %s: %s", decision.value, approval.by, why)
-        if not self._patched(LATE_DECISIONS_RECORDED):
-            return
         self._late_decisions += 1
         await self._record(
             "late_decision",
@@ -560,11 +466,10 @@ class RecoveryWorkflow:
     # ------------------------------------------------------------------ helpers
 
     def _enter(self, stage: Stage) -> None:
-        """Enter a stage that has no audit row of its own (attributing, planning); its search
-        attribute follows (STAGE_ATTRIBUTE_EVERY_STAGE)."""
+        """Enter a stage that has no audit row of its own (planning); its search attribute
+        follows."""
         self._stage = stage
-        if self._patched(STAGE_ATTRIBUTE_EVERY_STAGE):
-            workflow.upsert_search_attributes([SA_STAGE.value_set(stage.value)])
+        workflow.upsert_search_attributes([SA_STAGE.value_set(stage.value)])
 
     async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:
         self._stage = stage
@@ -602,7 +507,7 @@ class RecoveryWorkflow:
             ),
             RECORD,
             f"audit: {kind}",
-            local=self._quick_local,
+            local=True,
         )
 
     async def _finish(self, stage: Stage, outcome: str) -> RecoveryStatus:
@@ -615,7 +520,6 @@ class RecoveryWorkflow:
 
     @workflow.run
     async def run(self, inp: RecoveryInput) -> RecoveryStatus:
-        self._ask_patches()
         self._incident = inp.incident_id or recovery_workflow_id(
             inp.cluster, inp.job_id, inp.attempt
         )
@@ -632,42 +536,22 @@ class RecoveryWorkflow:
             attempt=inp.attempt,
             named_nodes=sorted(self._named_nodes),
         )
-        joined = Joined()
         try:
-            if self._patched(NODE_DECISIONS):
-                # Evidence, verdict and the node decisions joined, in one activity.
-                found = await call(
-                    NodeActivities.investigate,
-                    gather.model_copy(update={"policy": policy}),
-                    INVESTIGATE_BEATING,
-                    f"investigate job {inp.job_id}",
-                )
-                evidence, verdict, joined = found.evidence, found.verdict, found.joined
-            else:
-                local = self._io_local
-                evidence = await call(
-                    EvidenceActivities.gather_evidence,
-                    gather,
-                    OBSERVE if local else INVESTIGATE,
-                    f"gather evidence for job {inp.job_id}",
-                    local=local,
-                )
+            # Evidence, verdict and the node decisions joined, in one activity.
+            found = await call(
+                NodeActivities.investigate,
+                gather.model_copy(update={"policy": policy}),
+                INVESTIGATE_BEATING,
+                f"investigate job {inp.job_id}",
+            )
         except (ActivityError, ApplicationError) as err:
             # Nothing is left to recover: say so in the trail rather than fail the workflow.
-            if not (_job_not_found(err) and self._patched(JOB_LEFT_SLURM)):
+            if not _job_not_found(err):
                 raise
             return await self._finish(
                 Stage.NO_ACTION, f"job {inp.job_id} no longer known to Slurm: no action"
             )
-        if not self._patched(NODE_DECISIONS):
-            self._enter(Stage.ATTRIBUTING)
-            verdict = await call(
-                EvidenceActivities.attribute,
-                AttributeInput(incident_id=self._incident, bundle_path=evidence.bundle_path),
-                OBSERVE,
-                "attribute",
-                local=self._quick_local,
-            )
+        evidence, verdict, joined = found.evidence, found.verdict, found.joined
         self._verdict = verdict
         workflow.upsert_search_attributes(
             [
@@ -685,7 +569,6 @@ class RecoveryWorkflow:
         """Plan this job's own recovery and carry it out (approval, isolate, restart, verify)."""
         policy = inp.policy
         self._enter(Stage.PLANNING)
-        local = self._io_local
         plan = await call(
             EvidenceActivities.plan,
             PlanInput(
@@ -695,9 +578,8 @@ class RecoveryWorkflow:
                 evidence=evidence,
                 policy=policy,
             ),
-            OBSERVE if local else INVESTIGATE,
+            INVESTIGATE,
             "plan",
-            local=local,
         )
         self._plan, self._mode = plan, plan.mode
         workflow.upsert_search_attributes([SA_MODE.value_set(plan.mode.value)])
@@ -707,7 +589,6 @@ class RecoveryWorkflow:
 
         act = ActInput(incident_id=self._incident, cluster=inp.cluster, plan=plan)
         override = plan.needs_override and plan.action is not Action.HOLD
-        override = override and self._acts_on_refusals
         refused = "; ".join(f"{g.guard}: {g.detail}" for g in plan.guards if not g.allowed)
         if override and plan.mode is Mode.AUTONOMOUS:
             # Only a person may override a guard; the held stage notifies the operators.
@@ -720,10 +601,8 @@ class RecoveryWorkflow:
             )
 
         # A hold changes the cluster too: monitor mode asks first unless the policy lets it
-        # hold alone (auto_actions). Older recoveries held without asking.
-        asks = plan.action is not Action.HOLD or (
-            self._patched(MONITOR_ASKS_HOLD) and AutoAction.HOLD not in policy.auto_actions
-        )
+        # hold alone (auto_actions).
+        asks = plan.action is not Action.HOLD or AutoAction.HOLD not in policy.auto_actions
         if plan.mode is Mode.MONITOR and asks:
             recommend = f"recommend {plan.action.value}: " + "; ".join(plan.reasons)
             if override:
@@ -784,14 +663,14 @@ class RecoveryWorkflow:
             if plan.drain_nodes or plan.fence_nodes:
                 await self._stage_to(Stage.ISOLATING, f"isolating {','.join(plan.drain_nodes)}")
                 isolated = await self._act(ActionActivities.isolate, act)
-                if not isolated.ok and self._acts_on_refusals:
+                if not isolated.ok:
                     # Another recovery drained first and the cap is reached: restarting would
                     # leave the job to the scheduler with its culprit in service.
                     held = await self._act(ActionActivities.hold, act)
                     return await self._finish(
                         Stage.HELD, f"{isolated.detail}: held for a human: {held.detail}"
                     )
-            if plan.suspect_nodes and self._acts_on_refusals:
+            if plan.suspect_nodes:
                 await self._record(
                     "suspect",
                     f"suspect {','.join(plan.suspect_nodes)}: named by job-controlled evidence "
@@ -800,7 +679,7 @@ class RecoveryWorkflow:
                     dedupe="suspect",
                     data={"job_id": plan.job_id, "suspect_nodes": plan.suspect_nodes},
                 )
-            if plan.job_cancelled and self._patched(CANCELLED_NOT_RESTARTED):
+            if plan.job_cancelled:
                 return await self._finish(
                     Stage.DONE,
                     f"drained {','.join(plan.drain_nodes) or 'nothing new'}; job {plan.job_id} "
@@ -809,32 +688,13 @@ class RecoveryWorkflow:
             await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
             restarted = await self._act(ActionActivities.restart, act)
             await self._stage_to(Stage.VERIFYING, restarted.detail)
-            if self._patched(NODE_DECISIONS):
-                return await self._verify(
-                    restarted.new_job_id or plan.job_id,
-                    plan.exclude_nodes,
-                    evidence.job.last_checkpoint_step,
-                )
-            verified = await call(
-                ActionActivities.verify,
-                VerifyInput(
-                    incident_id=self._incident,
-                    cluster=inp.cluster,
-                    job_id=restarted.new_job_id or plan.job_id,
-                    avoid_nodes=plan.exclude_nodes,
-                    checkpoint_step=evidence.job.last_checkpoint_step,
-                    timeout_s=policy.verify_timeout_s,
-                ),
-                CallPolicy(
-                    timedelta(seconds=policy.verify_timeout_s + 30),
-                    RetryPolicy(maximum_attempts=3),
-                    heartbeat=timedelta(seconds=10),
-                ),
-                "verify the job runs on healthy nodes",
+            return await self._verify(
+                restarted.new_job_id or plan.job_id,
+                plan.exclude_nodes,
+                evidence.job.last_checkpoint_step,
             )
         except ActivityError as err:
             return await self._failed(err)
-        return await self._finish(Stage.DONE, verified.detail)
 
     # ------------------------------------------------------------------ node decisions
 

@@ -373,13 +373,12 @@ async def test_a_job_gone_from_slurm_ends_the_recovery_at_no_action(
         recorded.append(f"{inp['kind']}:{inp.get('stage')}:{inp['summary']}")
         return True
 
-    @activity.defn(name="gather_evidence")
     async def gather_evidence(inp: GatherInput) -> EvidenceSummary:
         raise ApplicationError(
             f"job {inp.job_id} not found", type="JobNotFoundError", non_retryable=True
         )
 
-    @activity.defn(name="investigate")  # gather_evidence's first step, as recoveries call it
+    @activity.defn(name="investigate")  # gathering the evidence is its first step
     async def investigate(inp: GatherInput) -> EvidenceSummary:
         return await gather_evidence(inp)
 
@@ -388,7 +387,7 @@ async def test_a_job_gone_from_slurm_ends_the_recovery_at_no_action(
         temporal_client,
         task_queue=queue,
         workflows=[RecoveryWorkflow],
-        activities=[record_detection, record_event, gather_evidence, investigate],
+        activities=[record_detection, record_event, investigate],
     ):
         handle = await temporal_client.start_workflow(
             RecoveryWorkflow.run,

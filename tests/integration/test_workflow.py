@@ -64,7 +64,6 @@ class Fakes:
             self.events.append(inp)
             return True
 
-        @activity.defn(name="gather_evidence")
         async def gather_evidence(inp: GatherInput) -> EvidenceSummary:
             self.calls.append("gather_evidence")
             return EvidenceSummary(
@@ -73,7 +72,6 @@ class Fakes:
                 job=JobSnapshot(job_id=inp.job_id, nodes=["n1", "n2"], last_checkpoint_step=10),
             )
 
-        @activity.defn(name="attribute")
         async def attribute(inp: AttributeInput) -> Verdict:
             self.calls.append("attribute")
             return Verdict(
@@ -116,11 +114,6 @@ class Fakes:
 
             return run
 
-        @activity.defn(name="verify")
-        async def verify(inp: VerifyInput) -> StepOutcome:
-            self.calls.append("verify")
-            return StepOutcome(ok=True, detail="RUNNING on n1,n3")
-
         @activity.defn(name="verify_check")
         async def verify_check(inp: VerifyInput) -> VerifyCheck:
             self.calls.append("verify")
@@ -138,13 +131,10 @@ class Fakes:
         return [
             record_detection,
             record_event,
-            gather_evidence,
-            attribute,
             plan,
             step("isolate"),
             step("restart"),
             step("hold"),
-            verify,
             verify_check,
             investigate,
         ]

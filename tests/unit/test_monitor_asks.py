@@ -142,9 +142,8 @@ async def test_monitor_mode_holds_nothing_without_an_approval(env: Client, auto:
     job_id = str(uuid.uuid4().int % 10**9)
     fakes.actions[job_id] = Action.HOLD  # the plan: hold the job (an application error)
     steps = [
-        fakes.record_detection, fakes.record_event, fakes.gather_evidence, fakes.attribute,
-        fakes.plan, fakes.isolate, fakes.restart, fakes.hold, fakes.verify, fakes.verify_check,
-        fakes.investigate,
+        fakes.record_detection, fakes.record_event, fakes.plan, fakes.isolate, fakes.restart,
+        fakes.hold, fakes.verify_check, fakes.investigate,
     ]  # fmt: skip
     policy = Policy(approval_timeout_s=60, auto_actions=[AutoAction.HOLD] if auto else [])
     queue = f"monitor-asks-{uuid.uuid4().hex[:6]}"

@@ -159,7 +159,6 @@ class Evidence:
             dedupe_key=f"{inp.incident_id}:{inp.dedupe}" if inp.dedupe else None,
         )
 
-    @activity.defn(name="gather_evidence")
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
         job = await self.rig.sched.get_job(inp.job_id)
         if job.restart_count > inp.attempt:  # requeued since: the attempt's, as the real one
@@ -176,7 +175,6 @@ class Evidence:
         self.nodes[inp.incident_id] = job.nodes
         return EvidenceSummary(incident_id=inp.incident_id, bundle_path=inp.incident_id, job=snap)
 
-    @activity.defn(name="attribute")
     async def attribute(self, inp: AttributeInput) -> Verdict:
         node = self.nodes[inp.bundle_path][0]
         return Verdict(
@@ -234,13 +232,10 @@ async def rig() -> AsyncIterator[Rig]:
         steps: list[Any] = [
             evidence.record_detection,
             evidence.record_event,
-            evidence.gather_evidence,
-            evidence.attribute,
             evidence.plan,
             actions.isolate,
             actions.hold,
             node.investigate,
-            node.join_node_decisions,
             node.plan_node,
             node.requeue_batch,
             node.look_again,
@@ -901,8 +896,7 @@ async def test_a_requeue_ahead_spares_cancelled_jobs_and_spent_budgets() -> None
         node="n3",
         report=report,
         policy=Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0),
-        isolate=True,
-        requeue_ahead=True,
+        stage_summary="node decision for n3: reported by the watcher",
     )
     node = NodeActivities(deps)
     for _ in range(2):  # the step, and a retry of it (which finds n3 out by its own drain)
@@ -942,7 +936,7 @@ async def test_a_plan_retried_after_its_worker_died_still_hands_the_node_to_its_
         node="n4",
         report=_report("n4", 0),
         policy=Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0),
-        isolate=True,
+        stage_summary="node decision for n4: reported by the watcher",
     )
     with pytest.raises(RuntimeError):
         await ActivityEnvironment().run(node.plan_node, plan_input)

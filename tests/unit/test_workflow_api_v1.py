@@ -87,12 +87,10 @@ class Fakes:
     """Evidence, attribution, planning and actions under their real names: a node failure on
     n1, a monitor-mode plan to restart, every action done."""
 
-    @activity.defn(name="gather_evidence")
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
         job = JobSnapshot(job_id=inp.job_id, state="NODE_FAIL", nodes=["n1", "n2"])
         return EvidenceSummary(incident_id=inp.incident_id, bundle_path="/nowhere", job=job)
 
-    @activity.defn(name="attribute")
     async def attribute(self, inp: AttributeInput) -> Verdict:
         return Verdict(category=Category.NODE_FAILURE, culprit_nodes=["n1"], action=Action.RESTART)
 
@@ -126,10 +124,6 @@ class Fakes:
     @activity.defn(name="hold")
     async def hold(self, inp: ActInput) -> StepOutcome:
         return StepOutcome(ok=True, changed=True, detail="held")
-
-    @activity.defn(name="verify")
-    async def verify(self, inp: VerifyInput) -> StepOutcome:
-        return StepOutcome(ok=True, detail="running on healthy nodes")
 
     @activity.defn(name="verify_check")
     async def verify_check(self, inp: VerifyInput) -> VerifyCheck:
@@ -172,14 +166,11 @@ async def rig(pg_url: str) -> AsyncIterator[Rig]:
     steps: list[Callable[..., Any]] = [
         evidence.record_detection,
         evidence.record_event,
-        fakes.gather_evidence,
-        fakes.attribute,
         fakes.investigate,
         fakes.plan,
         fakes.isolate,
         fakes.restart,
         fakes.hold,
-        fakes.verify,
         fakes.verify_check,
     ]
     try:

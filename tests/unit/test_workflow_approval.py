@@ -105,14 +105,12 @@ class Fakes:
         self.records.append(inp)
         return True
 
-    @activity.defn(name="gather_evidence")
     async def gather_evidence(self, inp: GatherInput) -> EvidenceSummary:
         self.gathered.append(inp)
         await self._gate("gather_evidence", inp.job_id)
         job = JobSnapshot(job_id=inp.job_id, state="NODE_FAIL", nodes=["n1", "n2"])
         return EvidenceSummary(incident_id=inp.incident_id, bundle_path="/nowhere", job=job)
 
-    @activity.defn(name="attribute")
     async def attribute(self, inp: AttributeInput) -> Verdict:
         return Verdict(category=Category.NODE_FAILURE, culprit_nodes=["n1"], action=Action.RESTART)
 
@@ -141,10 +139,6 @@ class Fakes:
     @activity.defn(name="hold")
     async def hold(self, inp: ActInput) -> StepOutcome:
         return StepOutcome(ok=True, changed=True, detail="held")
-
-    @activity.defn(name="verify")
-    async def verify(self, inp: VerifyInput) -> StepOutcome:
-        return StepOutcome(ok=True, detail="running on healthy nodes")
 
     @activity.defn(name="verify_check")
     async def verify_check(self, inp: VerifyInput) -> VerifyCheck:
@@ -186,13 +180,10 @@ async def rig() -> AsyncIterator[Rig]:
     steps: list[Callable[..., Any]] = [
         fakes.record_detection,
         fakes.record_event,
-        fakes.gather_evidence,
-        fakes.attribute,
         fakes.plan,
         fakes.isolate,
         fakes.restart,
         fakes.hold,
-        fakes.verify,
         fakes.verify_check,
         fakes.investigate,
     ]
