@@ -399,14 +399,7 @@ class LifecycleActivities:
                 rung=inp.rung, done=False, detail=f"{inp.rung.value} changes nothing"
             )
         if not result.done:  # a retry must not take "started" for "applied"
-            await self.deps.audit_row(
-                inp.lifecycle_id,
-                "rung_not_applied",
-                f"{inp.rung.value} {inp.node}: {result.detail}"[:500],
-                dedupe=f"rung_not_applied:{inp.rung.value}",
-                nodes=[inp.node],
-                data={"detail": result.detail},
-            )
+            await self._rung_row(inp, "rung_not_applied", result.detail, {"detail": result.detail})
         return result.model_copy(update={"detail": result.detail + again}) if again else result
 
     async def _earlier(self, inp: RungInput) -> tuple[str | None, bool]:
@@ -424,12 +417,19 @@ class LifecycleActivities:
 
     async def _asked(self, inp: RungInput, how: str) -> None:
         """Confirm that the rung's command was taken: a retry from here on only waits."""
+        await self._rung_row(inp, "rung_asked", how)
+
+    async def _rung_row(
+        self, inp: RungInput, kind: str, detail: str, data: dict[str, object] | None = None
+    ) -> None:
+        """A row of this rung's trail, once per rung and kind."""
         await self.deps.audit_row(
             inp.lifecycle_id,
-            "rung_asked",
-            f"{inp.rung.value} {inp.node}: {how}"[:500],
-            dedupe=f"rung_asked:{inp.rung.value}",
+            kind,
+            f"{inp.rung.value} {inp.node}: {detail}"[:500],
+            dedupe=f"{kind}:{inp.rung.value}",
             nodes=[inp.node],
+            data=data,
         )
 
     async def _gpu_reset(self, inp: RungInput) -> RungResult:

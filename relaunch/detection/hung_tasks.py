@@ -29,10 +29,12 @@ before it is a piece of that report (a file name with a newline), never a frame.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from relaunch.detection.kernel_lines import (
+    KernelMessage,
     kernel_frame,
     kernel_message,
     reports_user_process,
@@ -94,26 +96,47 @@ def hung_tasks(text: str) -> list[HungTask]:
     costs one substring search, a long log with a few reports a few dozen lines each. Lines are
     read on their first MAX_LINE characters, as the scan reads them."""
     out: list[HungTask] = []
+    for found in lines_with(text, _WORD):
+        message = found.message
+        header = _HEADER.match(message.text) if message is not None else None
+        if (
+            message is not None
+            and header is not None
+            and not piece_of_user_report(text, found.start, message.stamp)
+        ):
+            task = HungTask(
+                found.line_no, found.line[:500], int(header[1]), line_timestamp(found.line)
+            )
+            task.filesystems = _stack(text, found.end)
+            out.append(task)
+    return out
+
+
+@dataclass(frozen=True)
+class WordLine:
+    """A line of a kernel log that holds a word: where it is, its text, the kernel's message."""
+
+    start: int
+    end: int
+    line_no: int
+    line: str
+    message: KernelMessage | None
+
+
+def lines_with(text: str, word: str) -> Iterator[WordLine]:
+    """Each line of ``text`` holding ``word``, in order, with its number (from 1), its first
+    MAX_LINE characters and the kernel's message in it (None when it is not the kernel's). A
+    text without the word costs one substring search."""
     counted, line_no = 0, 1
-    pos = text.find(_WORD)
+    pos = text.find(word)
     while pos != -1:
         start = text.rfind("\n", 0, pos) + 1
         end = line_end(text, pos)
         line_no += text.count("\n", counted, start)
         counted = start
         line = kernel_line(text, start, end)
-        message = kernel_message(line)
-        header = _HEADER.match(message.text) if message is not None else None
-        if (
-            message is not None
-            and header is not None
-            and not piece_of_user_report(text, start, message.stamp)
-        ):
-            task = HungTask(line_no, line[:500], int(header[1]), line_timestamp(line))
-            task.filesystems = _stack(text, end)
-            out.append(task)
-        pos = text.find(_WORD, end)
-    return out
+        yield WordLine(start, end, line_no, line, kernel_message(line))
+        pos = text.find(word, end)
 
 
 def line_end(text: str, at: int) -> int:

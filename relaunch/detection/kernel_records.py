@@ -19,8 +19,12 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from relaunch.detection.hung_tasks import kernel_line, line_end, piece_of_user_report
-from relaunch.detection.kernel_lines import kernel_message
+from relaunch.detection.hung_tasks import (
+    kernel_line,
+    line_end,
+    lines_with,
+    piece_of_user_report,
+)
 from relaunch.detection.lines import line_timestamp
 
 _START = re.compile(
@@ -46,23 +50,15 @@ def fallen_off_bus(text: str) -> list[Record]:
     whole (continuation lines indented). A log without the record's first words costs one
     substring search."""
     out: list[Record] = []
-    counted, line_no = 0, 1
-    pos = text.find(_WORD)
-    while pos != -1:
-        start = text.rfind("\n", 0, pos) + 1
-        end = line_end(text, pos)
-        line_no += text.count("\n", counted, start)
-        counted = start
-        line = kernel_line(text, start, end)
-        message = kernel_message(line)
+    for found in lines_with(text, _WORD):
+        message = found.message
         if (
             message is not None
             and _START.match(message.text)
-            and not piece_of_user_report(text, start, message.stamp)
-            and _continues_to_fallen(text, end)
+            and not piece_of_user_report(text, found.start, message.stamp)
+            and _continues_to_fallen(text, found.end)
         ):
-            out.append(Record(line_no, line[:500], line_timestamp(line)))
-        pos = text.find(_WORD, end)
+            out.append(Record(found.line_no, found.line[:500], line_timestamp(found.line)))
     return out
 
 
