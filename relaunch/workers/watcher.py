@@ -673,7 +673,7 @@ class Watcher:
     def _running_on(self, node: str) -> list[Job]:
         """The watched jobs on ``node`` that its failure hit (every watched job: asked once
         per report): those RUNNING there, and those that ended abnormally there within
-        ENDED_HIT_S. A node's Xid can reach the watcher after the job it killed was listed
+        ENDED_HIT. A node's Xid can reach the watcher after the job it killed was listed
         FAILED: that job's partition still sets the decision's mode."""
         now = datetime.now(UTC)
         return [
