@@ -141,8 +141,7 @@ UNFINISHED = (
 
 def cancel_strangers(tier: Tier) -> list[str]:
     """Cancel the jobs of earlier tests on this worker's cluster (their harnesses' own clean-up
-    may still be under way): the arena needs every node idle, and keeps the tier's own jobs.
-    The jobs cancelled."""
+    may still be under way): the arena needs every node idle. The jobs cancelled."""
     listed = subprocess.run(
         ["squeue", "-h", "-t", UNFINISHED, "-o", "%i|%k"],
         env=tier.env,
@@ -151,11 +150,12 @@ def cancel_strangers(tier: Tier) -> list[str]:
         timeout=30,
         check=False,
     ).stdout
-    mine = f"relaunch_cluster={tier.h.config.name}"
+    # Every one, the tier's own included: a test's jobs are its own (submitted after this),
+    # and one Relaunch resubmitted for an earlier test carries the tier's option too.
     strangers = [
         job_id
         for line in listed.splitlines()
-        if (job_id := line.partition("|")[0].strip()).isdigit() and mine not in line
+        if (job_id := line.partition("|")[0].strip()).isdigit()
     ]
     if strangers:
         subprocess.run(["scancel", *strangers], env=tier.env, timeout=30, check=False)

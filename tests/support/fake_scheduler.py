@@ -163,6 +163,8 @@ class FakeScheduler:
             return _job_result(action, before, before, changed=False, note="already requeued")
         if before.state is JobState.PENDING:
             return _job_result(action, before, before, changed=False, note="already pending")
+        if before.state is JobState.CANCELLED:
+            raise InvalidStateError(f"job {job_id} was cancelled; it is not requeued")
         if not before.requeue_allowed and before.state.is_active:
             raise InvalidStateError(f"job {job_id} does not allow requeue")
         after = self._requeue(before, hold=hold)

@@ -10,7 +10,8 @@ from tests.support.fake_scheduler import FakeScheduler
 
 
 def rack() -> FakeScheduler:
-    """Two running jobs, one pending, one running that may not be requeued, one requeued once."""
+    """Two running jobs, one pending, one running that may not be requeued, one requeued once,
+    one cancelled (Slurm would requeue it: an ended batch job)."""
     return FakeScheduler(
         jobs=[
             Job(job_id="11", state=JobState.RUNNING, nodes=["n1"], requeue_allowed=True),
@@ -18,13 +19,14 @@ def rack() -> FakeScheduler:
             Job(job_id="13", state=JobState.PENDING, requeue_allowed=True),
             Job(job_id="14", state=JobState.RUNNING, nodes=["n3"], requeue_allowed=False),
             Job(job_id="15", state=JobState.RUNNING, requeue_allowed=True, restart_count=1),
+            Job(job_id="16", state=JobState.CANCELLED, requeue_allowed=True),
         ]
     )
 
 
 async def test_a_batch_requeue_decides_each_job_as_requeue_job_would() -> None:
     sched = rack()
-    asked = {"12": 0, "11": 0, "13": 0, "14": 0, "15": 0, "999999": 0}
+    asked = {"12": 0, "11": 0, "13": 0, "14": 0, "15": 0, "16": 0, "999999": 0}
     results = await sched.requeue_jobs(asked)
     assert list(results) == list(asked)
     assert {j: (r.changed, r.note) for j, r in results.items()} == {
@@ -33,10 +35,12 @@ async def test_a_batch_requeue_decides_each_job_as_requeue_job_would() -> None:
         "13": (False, "already pending"),
         "14": (False, "does not allow requeue"),
         "15": (False, "already requeued"),
+        # Someone cancelled it (a user, a clean-up) while a decision's batch was under way.
+        "16": (False, "cancelled: someone's decision, not undone by a requeue"),
         "999999": (False, "not found"),
     }
     assert sched.requeues == ["12", "11"]
-    assert sched.calls == [("requeue_jobs", ["11", "12", "13", "14", "15", "999999"])]
+    assert sched.calls == [("requeue_jobs", ["11", "12", "13", "14", "15", "16", "999999"])]
     assert sched.jobs["11"].state is JobState.PENDING and sched.jobs["11"].restart_count == 1
 
 

@@ -389,6 +389,10 @@ class SlurmCli:
             return self._job_result(action, before, before, changed=False, note="already requeued")
         if before.state is JobState.PENDING:
             return self._job_result(action, before, before, changed=False, note="already pending")
+        if before.state is JobState.CANCELLED:
+            # Slurm requeues an ended batch job, a cancelled one too: that would undo whoever
+            # cancelled it (a user, or a test's clean-up while a decision's batch was under way).
+            raise InvalidStateError(f"job {job_id} was cancelled; it is not requeued")
         if not before.requeue_allowed and before.state.is_active:
             raise InvalidStateError(
                 f"job {job_id} does not allow requeue",
@@ -763,6 +767,8 @@ def requeue_skip_note(job: Job, expected_restart_count: int) -> str:
         return "already requeued"
     if job.state is JobState.PENDING:
         return "already pending"
+    if job.state is JobState.CANCELLED:
+        return "cancelled: someone's decision, not undone by a requeue"
     if not job.requeue_allowed and job.state.is_active:
         return "does not allow requeue"
     return ""
