@@ -7,10 +7,12 @@ commands over the session's real sshd as that account)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -116,6 +118,7 @@ async def arena(tier: Tier) -> AsyncIterator[Tier]:
     back in service."""
     cancel_strangers(tier)
     await tier.h.restore_nodes()
+    await schedulable(tier)
     # A job of an earlier test that was still completing (requeued) is pending by now: its
     # start on a node would take the node from this test (a CI run's "Resources" wait).
     if cancel_strangers(tier):
@@ -129,6 +132,34 @@ async def arena(tier: Tier) -> AsyncIterator[Tier]:
         tier.h.jobs.clear()
         await tier.h.restore_nodes()
         tier.release_fifos()
+
+
+async def schedulable(tier: Tier, timeout: float = 90.0) -> None:
+    """Wait until the cluster schedules a job on every node. Nodes that list idle may not be
+    fully registered yet, and Slurm refuses a job submitted then for good (BadConstraints; a CI
+    run's first job): a probe job over all of them, not opted in, submitted again until it runs."""
+    nodes = len(tier.h.stack.slurm.nodes)
+    deadline = time.monotonic() + timeout
+    while True:
+        probe = subprocess.run(
+            ["sbatch", "--parsable", f"-N{nodes}", "--comment=relaunch=off", "-o", "/dev/null",
+             "--wrap", "true"],
+            env=tier.env, capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip().split(";")[0]  # fmt: skip
+        while time.monotonic() < deadline:
+            shown = subprocess.run(
+                ["squeue", "-h", "-t", "all", "-j", probe, "-o", "%T %r"],
+                env=tier.env, capture_output=True, text=True, timeout=30, check=False,
+            ).stdout.split()  # fmt: skip
+            if not shown or shown[0] in {"RUNNING", "COMPLETING", "COMPLETED"}:
+                return
+            if "BadConstraints" in shown[1:]:
+                break  # refused for good: cancel it and submit again
+            await asyncio.sleep(0.5)
+        subprocess.run(["scancel", probe], env=tier.env, timeout=30, check=False)
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no job runs on all {nodes} nodes after {timeout:.0f}s")
+        await asyncio.sleep(1.0)
 
 
 # Every state a job can leave again (squeue's default leaves out some, e.g. REQUEUED and
