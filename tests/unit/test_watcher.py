@@ -348,12 +348,8 @@ async def test_an_xid_the_catalogue_ignores_raises_nothing(
     assert (found.kind, found.nodes) == ("signature:xid_145", ["n2"])
 
 
-async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
-    scheduler: FakeScheduler, tmp_path: Path
-) -> None:
-    """The node's own kernel log (trusted) with an Xid the catalogue drains for: the node is
-    reported to its node decision, once; an Xid the catalogue restarts
-    the application for (13, a user's bug) reports nothing, and neither does a job's output."""
+def reporting_watcher(scheduler: FakeScheduler, tmp_path: Path) -> tuple[Watcher, list[NodeReport]]:
+    """A watcher of the nodes' kernel logs under ``tmp_path``, and the node reports it makes."""
     reports: list[NodeReport] = []
 
     async def on_node_report(report: NodeReport) -> None:
@@ -362,7 +358,16 @@ async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
     config = WatchConfig(
         cluster="dev", node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log")
     )
-    watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
+    return Watcher(config, scheduler, ignore, on_node_report=on_node_report), reports
+
+
+async def test_a_node_whose_kernel_log_has_a_draining_xid_is_reported_once(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    """The node's own kernel log (trusted) with an Xid the catalogue drains for: the node is
+    reported to its node decision, once; an Xid the catalogue restarts
+    the application for (13, a user's bug) reports nothing, and neither does a job's output."""
+    watcher, reports = reporting_watcher(scheduler, tmp_path)
     assert await watcher.poll_once(T0) == []
     append(tmp_path / "nodes" / "n1" / "kern.log", XID_79.replace("79,", "13,", 1))
     append(Path(scheduler.jobs[0].stdout_path), XID_79)  # the job's own say-so
@@ -396,15 +401,7 @@ async def test_a_job_listed_failed_before_its_nodes_xid_still_sets_the_reports_p
     report still counts that job: its partition sets the decision's mode (a canary partition
     acts alone; a report without it waited for a person). It is not requeued ahead: its own
     recovery has it. A job that ended there long before is not counted."""
-    reports: list[NodeReport] = []
-
-    async def on_node_report(report: NodeReport) -> None:
-        reports.append(report)
-
-    config = WatchConfig(
-        cluster="dev", node_log_pattern=str(tmp_path / "nodes" / "{node}" / "kern.log")
-    )
-    watcher = Watcher(config, scheduler, ignore, on_node_report=on_node_report)
+    watcher, reports = reporting_watcher(scheduler, tmp_path)
     assert await watcher.poll_once(T0) == []
     old = scheduler.jobs[0].model_copy(
         update={
