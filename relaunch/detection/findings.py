@@ -23,8 +23,8 @@ from datetime import datetime, timedelta
 from typing import BinaryIO
 
 from relaunch.detection.health_events import health_matches, health_path
-from relaunch.detection.hung_tasks import hung_tasks
-from relaunch.detection.kernel_records import fallen_off_bus
+from relaunch.detection.hung_tasks import HungTask, hung_tasks
+from relaunch.detection.kernel_records import Record, fallen_off_bus
 from relaunch.detection.lines import line_timestamp
 from relaunch.detection.signatures import (
     MAX_LINE,
@@ -211,36 +211,32 @@ def hung_task_matches(text: str, node: str) -> list[SignatureMatch]:
     reports whose stacks run through a network file system (relaunch/detection/hung_tasks.py),
     infrastructure roots on that node."""
     out = [
-        SignatureMatch(
-            signature="nvrm_fallen_off_bus",
-            category=Category.GPU_HARDWARE,
-            role=Role.ROOT,
-            severity=5,
-            source="node_log",
-            line_no=record.line_no,
-            text=record.text,
-            host=node,
-            timestamp=record.time,
-        )
+        _node_root(record, node, "nvrm_fallen_off_bus", Category.GPU_HARDWARE, 5)
         for record in fallen_off_bus(text)
     ]
-    for task in hung_tasks(text):
-        if not task.filesystems:
-            continue
-        out.append(
-            SignatureMatch(
-                signature=HUNG_TASK_FILESYSTEM,
-                category=Category.INFRASTRUCTURE,
-                role=Role.ROOT,
-                severity=3,
-                source="node_log",
-                line_no=task.line_no,
-                text=task.text,
-                host=node,
-                timestamp=task.time,
-            )
-        )
+    out += [
+        _node_root(task, node, HUNG_TASK_FILESYSTEM, Category.INFRASTRUCTURE, 3)
+        for task in hung_tasks(text)
+        if task.filesystems
+    ]
     return out
+
+
+def _node_root(
+    found: Record | HungTask, node: str, signature: str, category: Category, severity: int
+) -> SignatureMatch:
+    """A root on ``node`` from what its own kernel log printed over several lines."""
+    return SignatureMatch(
+        signature=signature,
+        category=category,
+        role=Role.ROOT,
+        severity=severity,
+        source="node_log",
+        line_no=found.line_no,
+        text=found.text,
+        host=node,
+        timestamp=found.time,
+    )
 
 
 def _capped(
