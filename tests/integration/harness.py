@@ -185,6 +185,18 @@ class Harness:
     async def events(self, incident: str, kind: str | None = None) -> list[StoredEvent]:
         return [e for e in await self.audit.events(incident) if kind is None or e.kind == kind]
 
+    async def stage_row(self, incident: str, stage: Stage, timeout: float = 30) -> StoredEvent:
+        """The audit row of a stage: a query sees the stage as the workflow enters it, the row
+        follows when its audit activity completes."""
+        found: list[StoredEvent] = []
+
+        async def written() -> bool:
+            found[:] = [e for e in await self.events(incident, "stage") if e.stage == stage.value]
+            return bool(found)
+
+        await self.until(written, f"no {stage.value} stage row for {incident}", timeout)
+        return found[-1]
+
     async def until(
         self, check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60
     ) -> None:

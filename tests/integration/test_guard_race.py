@@ -119,6 +119,7 @@ async def test_recoveries_at_once_drain_at_most_the_guards_limit(
             if e.data.get("step") == "drain" and e.data.get("changed")
         ]
         assert not drains
+        await h.stage_row(incident, Stage.HELD)  # its last row is the hold
         assert (await h.events(incident, "stage"))[-1].stage == "held"
     if mode is Mode.MONITOR:
         await save_history(h, incidents[held[0]], "monitor_refused_at_drain")

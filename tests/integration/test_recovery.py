@@ -377,7 +377,7 @@ async def test_an_operator_overrides_a_refused_guard_and_it_is_audited(
     status = await h.wait_stage(incident, {Stage.AWAITING_APPROVAL}, timeout=90)
     assert status.plan is not None and status.plan.needs_override
     assert status.plan.drain_nodes == [nodes[1]]
-    asked = (await h.events(incident, "stage"))[-1]
+    asked = await h.stage_row(incident, Stage.AWAITING_APPROVAL)
     assert "blast_radius" in asked.summary and "approving overrides it" in asked.summary
     assert not (await h.sched.get_node(nodes[1])).drain_flag
 
