@@ -22,12 +22,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from relaunch.activities.lifecycle import LifecycleActivities
-    from relaunch.models import search_attributes as sa
     from relaunch.models.lifecycle import (
         CHANGES_NODE,
         CheckRun,
@@ -54,19 +53,23 @@ with workflow.unsafe.imports_passed_through():
         Mode,
         Stage,
     )
-    from relaunch.workflows.recovery import (
+    from relaunch.workflows.approval import (
         PAST,
+        NotAwaitingApprovalError,
+    )
+    from relaunch.workflows.attributes import (
         SA_AWAITING,
         SA_CLUSTER,
         SA_MODE,
+        SA_NODE_STAGE,
         SA_NODES,
+    )
+    from relaunch.workflows.calls import (
         CallPolicy,
-        NotAwaitingApprovalError,
         call,
         record_node_row,
     )
 
-SA_NODE_STAGE = SearchAttributeKey.for_keyword(sa.NODE_STAGE.name)
 # Looks at the node and its history; retried through an outage of Slurm or the database.
 LOOK = CallPolicy(
     timedelta(seconds=60),

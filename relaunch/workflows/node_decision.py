@@ -52,17 +52,21 @@ with workflow.unsafe.imports_passed_through():
         Mode,
         Stage,
     )
-    from relaunch.workflows.recovery import (
-        ACT,
+    from relaunch.workflows.approval import (
         PAST,
+        NotAwaitingApprovalError,
+    )
+    from relaunch.workflows.attributes import (
         SA_CLUSTER,
         SA_MODE,
         SA_NODES,
+        stage_attributes,
+    )
+    from relaunch.workflows.calls import (
+        ACT,
         CallPolicy,
-        NotAwaitingApprovalError,
         call,
         record_node_row,
-        stage_attributes,
     )
 
 # A decision plans and, where no person need approve (autonomous mode, the guard allows),

@@ -15,21 +15,16 @@ history and the audit trail.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from relaunch.activities.actions import ActionActivities
     from relaunch.activities.evidence import EvidenceActivities
     from relaunch.activities.node import NodeActivities
-    from relaunch.models import search_attributes as sa
     from relaunch.models.node_decision import JobOutcome, Joined, NodeUpdate
-    from relaunch.models.pause import PAUSED_ERROR
     from relaunch.models.recovery import (
         TRUSTED_DETECTION_SOURCES,
         ActInput,
@@ -55,105 +50,25 @@ with workflow.unsafe.imports_passed_through():
         VerifyInput,
         recovery_workflow_id,
     )
-
-
-def _keyword(attr: sa.SearchAttribute) -> SearchAttributeKey[str]:
-    assert attr.kind == "Keyword", attr
-    return SearchAttributeKey.for_keyword(attr.name)
-
-
-SA_CLUSTER = _keyword(sa.CLUSTER)
-SA_JOB = _keyword(sa.JOB_ID)
-SA_CATEGORY = _keyword(sa.CATEGORY)
-SA_STAGE = _keyword(sa.STAGE)
-SA_MODE = _keyword(sa.MODE)
-assert sa.NODES.kind == "KeywordList"
-SA_NODES = SearchAttributeKey.for_keyword_list(sa.NODES.name)
-assert sa.AWAITING_APPROVAL.kind == "Bool"
-SA_AWAITING = SearchAttributeKey.for_bool(sa.AWAITING_APPROVAL.name)
-
-A = TypeVar("A")
-R = TypeVar("R")
-PAST = {Decision.APPROVE: "approved", Decision.REJECT: "rejected"}
-
-
-@dataclass(frozen=True)
-class CallPolicy:
-    """A named timeout and retry policy for a family of activities."""
-
-    timeout: timedelta
-    retry: RetryPolicy
-    heartbeat: timedelta | None = None
-    # Retries stop when this much time has passed since the first attempt (None: only the
-    # retry policy's attempts limit them).
-    give_up_after: timedelta | None = None
-    # Run locally (audit rows, a look at a job): backoffs longer than this wait on a workflow
-    # timer, not in the worker.
-    local_retry_threshold: timedelta | None = None
-
-
-# How long the steps that write or read the audit trail (and read Slurm) keep retrying through
-# an outage of PostgreSQL or the Slurm controller: a recovery waits out a failover or a
-# maintenance window, and goes on where it stopped, instead of failing for good. Each attempt's
-# error is in the worker's log; only errors typed non-retryable end the step at once.
-OUTAGE_TOLERANCE = timedelta(hours=24)
-# Capped backoff: 1 s doubling to once every 30 s, so a recovery resumes within half a minute
-# of the database's return, and hundreds of waiting recoveries cost the database little.
-OUTAGE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=0,  # unlimited: OUTAGE_TOLERANCE bounds them
-)
-# The audit rows and the looks at a restarted job run as local activities: in the worker, inside
-# the workflow task, without a round trip through the server's task queues (when a switch takes
-# out a rack, hundreds of recoveries start at once). A local activity retries inside its
-# workflow task, which the worker keeps alive with a workflow-task heartbeat every few seconds;
-# from a backoff of 16 s on, each retry waits on a workflow timer instead: a 30-minute outage
-# adds about 60 timers to the history rather than hundreds of heartbeat tasks.
-LOCAL_RETRY_THRESHOLD = timedelta(seconds=10)
-
-RECORD = CallPolicy(
-    timedelta(seconds=15),
-    OUTAGE_RETRY,
-    give_up_after=OUTAGE_TOLERANCE,
-    local_retry_threshold=LOCAL_RETRY_THRESHOLD,
-)
-OBSERVE = CallPolicy(
-    timedelta(seconds=90),
-    OUTAGE_RETRY,
-    give_up_after=OUTAGE_TOLERANCE,
-    local_retry_threshold=LOCAL_RETRY_THRESHOLD,
-)
-ACT = CallPolicy(
-    timedelta(seconds=120),
-    RetryPolicy(
-        initial_interval=timedelta(seconds=2),
-        maximum_interval=timedelta(seconds=20),
-        maximum_attempts=5,
-        non_retryable_error_types=["InvalidNameError", "InvalidStateError", "JobNotFoundError"],
-    ),
-    # A worker that dies mid-action is noticed in seconds, and the action retried elsewhere.
-    heartbeat=timedelta(seconds=15),
-)
-
-# The steps that read Slurm, the job's nodes (probes, SSH), the log store and the database at
-# length (investigate, plan): ordinary activities, since a local activity would hold the
-# workflow task for as long as it runs; each attempt bounded by its own timeout, retried
-# through an outage as the quick steps are.
-INVESTIGATE = CallPolicy(
-    timedelta(seconds=120),
-    OUTAGE_RETRY,
-    give_up_after=OUTAGE_TOLERANCE,
-)
-# `investigate` heartbeats while it runs: one whose worker died is retried elsewhere within
-# seconds, not after its two-minute timeout (a worker killed in a rack failure's burst).
-INVESTIGATE_BEATING = CallPolicy(
-    timedelta(seconds=120),
-    OUTAGE_RETRY,
-    heartbeat=timedelta(seconds=20),
-    give_up_after=OUTAGE_TOLERANCE,
-)
+    from relaunch.workflows.approval import PAST, NotAwaitingApprovalError
+    from relaunch.workflows.attributes import (
+        SA_CATEGORY,
+        SA_CLUSTER,
+        SA_JOB,
+        SA_MODE,
+        SA_NODES,
+        SA_STAGE,
+        stage_attributes,
+    )
+    from relaunch.workflows.calls import (
+        ACT,
+        INVESTIGATE,
+        INVESTIGATE_BEATING,
+        OBSERVE,
+        RECORD,
+        call,
+        job_not_found,
+    )
 
 
 # Before each look at a restarted job: 5 s, growing by half each time, to 10 s. A requeued job
@@ -165,125 +80,6 @@ VERIFY_MAX_PAUSE = timedelta(seconds=10)
 # How long a recovery waits for its node decision's outcome beyond the approval timeout
 # before it goes on alone (a decision terminated by hand, a stuck batch).
 NODE_WAIT_SLACK = timedelta(minutes=15)
-
-# While a cluster is paused, a step that would change it, its retries spent, waits this long
-# before it is called again, doubling to the most: an unpause takes effect within
-# PAUSED_MAX_WAIT (sooner while the step's own retries run). Each wait adds about 11 events to
-# the waiting workflow's history: about 3,000 a day, so a pause of two weeks stays well under
-# Temporal's limit of 51,200.
-PAUSED_FIRST_WAIT = timedelta(seconds=5)
-PAUSED_MAX_WAIT = timedelta(minutes=5)
-
-
-def stage_attributes(stage: Stage) -> list[SearchAttributeUpdate[Any]]:
-    """The search attributes a recovery or a node decision upserts on entering ``stage``."""
-    return [
-        SA_STAGE.value_set(stage.value),
-        SA_AWAITING.value_set(stage is Stage.AWAITING_APPROVAL),
-    ]
-
-
-async def call(
-    step: Callable[[Any, A], Awaitable[R]],
-    arg: A,
-    policy: CallPolicy,
-    summary: str,
-    *,
-    local: bool = False,
-) -> R:
-    """Run the activity method ``step`` (its name and result type from its definition) with
-    its policy, as a local activity with ``local``. A step that changes the cluster refuses
-    while the cluster is paused (ClusterPausedError): once its retries are spent, it is called
-    again after a durable timer, until the unpause."""
-    wait = PAUSED_FIRST_WAIT
-    while True:
-        try:
-            return await _call_once(step, arg, policy, summary, local=local)
-        except (ActivityError, ApplicationError) as err:
-            cause = err.cause if isinstance(err, ActivityError) else err
-            if not (isinstance(cause, ApplicationError) and cause.type == PAUSED_ERROR):
-                raise
-        await workflow.sleep(wait, summary=f"cluster paused: {summary} waits for the unpause")
-        wait = min(wait * 2, PAUSED_MAX_WAIT)
-
-
-async def _call_once(
-    step: Callable[[Any, A], Awaitable[R]],
-    arg: A,
-    policy: CallPolicy,
-    summary: str,
-    *,
-    local: bool = False,
-) -> R:
-    if local:
-        return await workflow.execute_local_activity_method(
-            step,
-            arg,
-            start_to_close_timeout=policy.timeout,
-            schedule_to_close_timeout=policy.give_up_after,
-            retry_policy=policy.retry,
-            local_retry_threshold=policy.local_retry_threshold,
-            summary=summary,
-        )
-    return await workflow.execute_activity_method(
-        step,
-        arg,
-        start_to_close_timeout=policy.timeout,
-        schedule_to_close_timeout=policy.give_up_after,
-        heartbeat_timeout=policy.heartbeat,
-        retry_policy=policy.retry,
-        summary=summary,
-    )
-
-
-async def record_node_row(
-    incident_id: str,
-    cluster: str,
-    n: int,
-    node: str,
-    kind: str,
-    summary: str,
-    *,
-    stage: str | None = None,
-    actor: str = "relaunch",
-    dedupe: str | None = None,
-    data: dict[str, object] | None = None,
-) -> None:
-    """One audit row of a node's workflow (a decision, a lifecycle): its incident has no job,
-    its attempt is the workflow's number, and it names the node."""
-    await call(
-        EvidenceActivities.record_event,
-        RecordEventInput(
-            incident_id=incident_id,
-            cluster=cluster,
-            job_id="",
-            attempt=n,
-            kind=kind,
-            summary=summary,
-            stage=stage,
-            actor=actor,
-            nodes=[node],
-            data=data or {},
-            dedupe=dedupe,
-        ),
-        RECORD,
-        f"audit: {kind}",
-        local=True,
-    )
-
-
-def _job_not_found(err: ActivityError | ApplicationError) -> bool:
-    """Whether the step failed because the scheduler no longer knows the job (an activity's
-    error comes wrapped in an ActivityError; a local activity's, as it was raised)."""
-    cause = err.cause if isinstance(err, ActivityError) else err
-    return isinstance(cause, ApplicationError) and cause.type == "JobNotFoundError"
-
-
-class NotAwaitingApprovalError(ApplicationError):
-    """A decision the recovery does not take now: it awaits none, or one was already made."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why, type="NotAwaitingApproval", non_retryable=True)
 
 
 @workflow.defn
@@ -546,7 +342,7 @@ class RecoveryWorkflow:
             )
         except (ActivityError, ApplicationError) as err:
             # Nothing is left to recover: say so in the trail rather than fail the workflow.
-            if not _job_not_found(err):
+            if not job_not_found(err):
                 raise
             return await self._finish(
                 Stage.NO_ACTION, f"job {inp.job_id} no longer known to Slurm: no action"

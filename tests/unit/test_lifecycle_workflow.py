@@ -55,8 +55,8 @@ from relaunch.models.recovery import (
     RecordEventInput,
 )
 from relaunch.workers.worker import WORKFLOW_RUNNER
+from relaunch.workflows.attributes import SA_AWAITING, SA_CLUSTER, SA_MODE, SA_NODES
 from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
-from relaunch.workflows.recovery import SA_AWAITING, SA_CLUSTER, SA_MODE, SA_NODES
 from tests.unit.test_workflow_approval import TEMPORAL
 
 QUEUE = "relaunch-lifecycle-tests"

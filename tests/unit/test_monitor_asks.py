@@ -36,8 +36,7 @@ from relaunch.models.recovery import (
     StepOutcome,
     recovery_workflow_id,
 )
-from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
-from relaunch.workflows.recovery import (
+from relaunch.workflows.attributes import (
     SA_AWAITING,
     SA_CATEGORY,
     SA_CLUSTER,
@@ -45,8 +44,9 @@ from relaunch.workflows.recovery import (
     SA_MODE,
     SA_NODES,
     SA_STAGE,
-    RecoveryWorkflow,
 )
+from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
+from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.unit.test_lifecycle_workflow import Node, run, until, worker
 from tests.unit.test_workflow_approval import TEMPORAL, Fakes
 

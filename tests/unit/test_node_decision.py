@@ -77,8 +77,7 @@ from relaunch.models.scheduler import Job, JobState, Node, NodeState
 from relaunch.workers.worker import WORKFLOW_RUNNER
 from relaunch.workflows import node_decision as node_decision_module
 from relaunch.workflows import recovery_client
-from relaunch.workflows.node_decision import NodeDecisionWorkflow
-from relaunch.workflows.recovery import (
+from relaunch.workflows.attributes import (
     SA_AWAITING,
     SA_CATEGORY,
     SA_CLUSTER,
@@ -86,8 +85,9 @@ from relaunch.workflows.recovery import (
     SA_MODE,
     SA_NODES,
     SA_STAGE,
-    RecoveryWorkflow,
 )
+from relaunch.workflows.node_decision import NodeDecisionWorkflow
+from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.support.fake_scheduler import FakeScheduler
 from tests.unit.test_activities import MemoryAudit
 

@@ -43,7 +43,7 @@ from relaunch.models.recovery import (
 )
 from relaunch.models.scheduler import JobState
 from relaunch.workers.worker import activities_for
-from relaunch.workflows.recovery import (
+from relaunch.workflows.attributes import (
     SA_AWAITING,
     SA_CATEGORY,
     SA_CLUSTER,
@@ -51,8 +51,8 @@ from relaunch.workflows.recovery import (
     SA_MODE,
     SA_NODES,
     SA_STAGE,
-    RecoveryWorkflow,
 )
+from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.unit.test_activities import MemoryAudit, cluster, running_job
 from tests.unit.test_api_v1 import Env, env, pg_url  # noqa: F401 - fixtures
 from tests.unit.test_workflow_approval import TEMPORAL, Fakes

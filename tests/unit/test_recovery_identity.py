@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 from relaunch.models.recovery import parse_recovery_id, recovery_workflow_id, same_attempt_ids
-from relaunch.workflows.recovery import OBSERVE, RECORD, CallPolicy
+from relaunch.workflows.calls import OBSERVE, RECORD, CallPolicy
 
 
 def test_the_documented_id_and_the_suffix_of_a_reused_job_id() -> None:

