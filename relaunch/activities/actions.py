@@ -11,6 +11,7 @@ import time
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 from temporalio import activity
@@ -19,7 +20,6 @@ from temporalio.service import RPCError
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, log, typed_errors
 from relaunch.activities.resubmit import Resubmission
 from relaunch.connectors.joboutput import FileAccess, tail_file
-from relaunch.connectors.temporal import LifecycleSignals
 from relaunch.detection.planning import blast_radius, held_out, partition_size
 from relaunch.detection.progress import ResumeProgress, resumed_progress
 from relaunch.models.errors import (
@@ -42,6 +42,9 @@ from relaunch.models.recovery import (
     drained_by,
 )
 from relaunch.models.scheduler import ActionResult, Job, JobState, Node
+
+if TYPE_CHECKING:  # imported where used: the workflow modules import the activities
+    from relaunch.workflows.node_client import LifecycleSignals
 
 
 class DrainCheck(BaseModel):
@@ -117,6 +120,8 @@ class ActionActivities:
         if not settings.enabled or client is None:
             return
         if self._lifecycles is None or self._lifecycles.client is not client:
+            from relaunch.workflows.node_client import LifecycleSignals
+
             self._lifecycles = LifecycleSignals(client)
         plan = inp.plan
         category = plan.category or Category.NODE_FAILURE

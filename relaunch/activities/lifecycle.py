@@ -653,8 +653,13 @@ class LifecycleActivities:
             f'RelaunchCluster="{inp.cluster}" AND RelaunchNodes="{inp.node}"'
         )
         note = f"{inp.node} returned to service by {inp.lifecycle_id}"
+        # Imported here: the workflow modules import the activities.
+        from relaunch.workflows.node_decision import NodeDecisionWorkflow
+
         try:
             async for wf in client.list_workflows(query, limit=10):
-                await client.get_workflow_handle(wf.id).signal("back_in_service", note)
+                await client.get_workflow_handle_for(NodeDecisionWorkflow.run, wf.id).signal(
+                    NodeDecisionWorkflow.back_in_service, note
+                )
         except RPCError as exc:  # the decision then closes after its join window, as before
             log.warning("could not tell %s's decision it is back: %s", inp.node, exc)

@@ -13,13 +13,13 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from temporalio import activity
 
 from relaunch.activities.actions import ActionActivities, drain_check
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, typed_errors
 from relaunch.activities.evidence import EvidenceActivities, probe_now
-from relaunch.connectors.temporal import NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.errors import JobNotFoundError, SchedulerError
 from relaunch.models.node_decision import (
@@ -54,6 +54,9 @@ from relaunch.models.recovery import (
     drained_by,
 )
 from relaunch.models.scheduler import ActionResult, JobState, Node, NodeFlag, NodeState
+
+if TYPE_CHECKING:  # imported where used: the workflow modules import the activities
+    from relaunch.workflows.node_client import NodeDecisionSignals
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,10 @@ class NodeActivities:
         client = self.deps.temporal
         assert client is not None
         if self._signals is None or self._signals.client is not client:
+            from relaunch.workflows.node_client import NodeDecisionSignals
+
             self._signals = NodeDecisionSignals(client)
-        return await self._signals.send(cluster, node, policy, "join", request)
+        return await self._signals.join(cluster, node, policy, request)
 
     # ------------------------------------------------------------------ plan
 

@@ -4,30 +4,25 @@ watcher, the command line and the console."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import timedelta
+import logging
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
-from temporalio.client import Client, Interceptor
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.client import Client, Interceptor, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import TLSConfig
+from temporalio.service import RPCError, TLSConfig
 
 from relaunch.models.config import ClusterConfig
 from relaunch.models.endpoints import TemporalTlsSettings
-from relaunch.models.errors import RelaunchError, SchedulerError
-from relaunch.models.lifecycle import LifecycleFault, LifecycleInput, lifecycle_id
-from relaunch.models.node_decision import NodeDecisionInput, node_decision_id, node_task_queue
-from relaunch.models.recovery import Policy
+from relaunch.models.errors import RelaunchError
 
-# The workflow type of relaunch/workflows/node_decision.py, named rather than imported: the
-# activities and the watcher that signal it do not depend on workflow code.
-NODE_DECISION_WORKFLOW = "NodeDecisionWorkflow"
-LIFECYCLE_WORKFLOW = "NodeLifecycleWorkflow"
-# How many decisions of one node a signal looks past (closed ones: the node failed before).
-MAX_DECISIONS_PER_NODE = 10_000
+log = logging.getLogger("relaunch.temporal")
+
+# The memo entry by which a signal-with-start's sender knows whether its call started the run
+# (started_by): the token of the sender that started it.
+STARTED_BY_MEMO = "relaunch-started-by"
 
 
 class TemporalUnavailableError(RelaunchError):
@@ -84,119 +79,20 @@ async def connect(config: ClusterConfig, interceptors: Sequence[Interceptor] = (
         ) from exc
 
 
-# A node decision's workflow tasks take milliseconds (a few hundred under a burst's load). One
-# that a worker took and never answered (measured in a 500-job burst on 2 cores: the first task
-# of one decision of four, on a worker busy with the others) is handed out again after this
-# long instead of Temporal's default 10 s: the node's drain, every job's first action, waits
-# for it.
-DECISION_TASK_TIMEOUT = timedelta(seconds=4)
+def start_token() -> str:
+    """A token for a signal-with-start's memo (STARTED_BY_MEMO), unique to this call."""
+    return uuid.uuid4().hex
 
 
-class _PerNodeSignals:
-    """Signal-with-start into a node's current workflow of one kind: the running one, or the
-    node's next when the latest has closed. A closed one is never started again
-    (REJECT_DUPLICATE): the node's next failure is the next one. Each node's latest number is
-    remembered in this process, so a signal does not try every closed one from the first."""
-
-    workflow = ""
-    what = ""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self._latest: dict[tuple[str, str], int] = {}
-
-    def _id(self, cluster: str, node: str, n: int) -> str:
-        raise NotImplementedError
-
-    async def _send(
-        self,
-        cluster: str,
-        node: str,
-        start: Callable[[int], BaseModel],
-        signal: str,
-        arg: BaseModel,
-    ) -> tuple[str, bool]:
-        """Send ``signal`` with ``arg`` to ``node``'s current workflow (started with the input
-        ``start(n)`` where none runs): its id, and whether this signal started it."""
-        key = (cluster, node)
-        n = self._latest.get(key, 1)
-        for _ in range(MAX_DECISIONS_PER_NODE):
-            workflow_id = self._id(cluster, node, n)
-            try:
-                handle = await self.client.start_workflow(
-                    self.workflow,
-                    start(n),
-                    id=workflow_id,
-                    task_queue=node_task_queue(cluster),
-                    start_signal=signal,
-                    start_signal_args=[arg],
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    task_timeout=DECISION_TASK_TIMEOUT,
-                )
-            except WorkflowAlreadyStartedError:
-                n += 1
-                continue
-            self._latest[key] = n
-            # Signal-with-start's answer says whether it started the run; the SDK keeps it on
-            # the handle, not in its API (an SDK without it: taken as started).
-            answer = getattr(handle, "_start_workflow_response", None)
-            return workflow_id, bool(getattr(answer, "started", True))
-        raise SchedulerError(f"node {node} has more than {MAX_DECISIONS_PER_NODE} {self.what}")
-
-
-class NodeDecisionSignals(_PerNodeSignals):
-    """Signal-with-start into a node's current decision (relaunch/workflows/node_decision.py)."""
-
-    workflow = NODE_DECISION_WORKFLOW
-    what = "decisions"
-
-    def _id(self, cluster: str, node: str, n: int) -> str:
-        return node_decision_id(cluster, node, n)
-
-    async def send(
-        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
-    ) -> str:
-        """Send ``signal`` with ``arg`` to ``node``'s current decision; its id."""
-        return (await self.send_and_say(cluster, node, policy, signal, arg))[0]
-
-    async def send_and_say(
-        self, cluster: str, node: str, policy: Policy, signal: str, arg: BaseModel
-    ) -> tuple[str, bool]:
-        """``send``, and whether this signal started the decision (False: it reached one that
-        was running already, maybe since an earlier failure of the node)."""
-        return await self._send(
-            cluster,
-            node,
-            lambda n: NodeDecisionInput(cluster=cluster, node=node, n=n, policy=policy),
-            signal,
-            arg,
-        )
-
-
-class LifecycleSignals(_PerNodeSignals):
-    """Signal-with-start of a node's current lifecycle (relaunch/workflows/lifecycle.py): one
-    at a time per node; a drain while one runs reaches it as another fault."""
-
-    workflow = LIFECYCLE_WORKFLOW
-    what = "lifecycles"
-
-    def _id(self, cluster: str, node: str, n: int) -> str:
-        return lifecycle_id(cluster, node, n)
-
-    async def fault(self, config: ClusterConfig, node: str, fault: LifecycleFault) -> str:
-        """Tell ``node``'s lifecycle about ``fault`` (starting it where none runs); its id."""
-        cluster = config.name
-        mode = config.lifecycle.mode or config.policy.mode
-
-        def start(n: int) -> LifecycleInput:
-            return LifecycleInput(
-                cluster=cluster,
-                node=node,
-                n=n,
-                mode=mode,
-                approval_timeout_s=config.policy.approval_timeout_s,
-                settings=config.lifecycle,
-                auto_actions=config.policy.auto_actions,
-            )
-
-        return (await self._send(cluster, node, start, "fault", fault))[0]
+async def started_by(client: Client, handle: WorkflowHandle[Any, Any], token: str) -> bool:
+    """Whether the signal-with-start that returned ``handle``, with ``token`` in its memo,
+    started the workflow's run (False: the signal reached a run already under way, or the
+    server could not be asked). One read of the server's record of the run; no worker is
+    asked."""
+    run = client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
+    try:
+        described = await run.describe()
+    except RPCError as exc:
+        log.warning("could not tell whether %s was started by this signal: %s", handle.id, exc)
+        return False
+    return bool(await described.memo_value(STARTED_BY_MEMO, None) == token)

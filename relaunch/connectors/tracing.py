@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import temporalio.client
@@ -29,7 +29,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
-from temporalio.client import WorkflowExecutionDescription, WorkflowHandle
+from temporalio.client import WorkflowExecutionDescription
 
 from relaunch.models import tracing as names
 from relaunch.models.config import ClusterConfig
@@ -202,14 +202,6 @@ def trace_memo(span: trace.Span) -> dict[str, str]:
     carrier: dict[str, str] = {}
     _propagator.inject(carrier, trace.set_span_in_context(span))
     return {TRACE_MEMO: carrier[TRACE_MEMO]} if TRACE_MEMO in carrier else {}
-
-
-def started_run(handle: WorkflowHandle[Any, Any]) -> bool:
-    """Whether the signal-with-start that returned ``handle`` started the workflow's run
-    (False: it reached a run another sender had just started). The SDK keeps the server's
-    answer on the handle, not in its API; an SDK without it: taken as started."""
-    answer = getattr(handle, "_start_workflow_response", None)
-    return bool(getattr(answer, "started", True))
 
 
 def untraced_context() -> Context:

@@ -22,7 +22,7 @@ from relaunch.connectors.slurm.accounting import EndedJobs
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.connectors.slurm.factory import close_scheduler, slurm_scheduler
 from relaunch.connectors.slurm.ssh import SshRunner
-from relaunch.connectors.temporal import NodeDecisionSignals, connect
+from relaunch.connectors.temporal import connect
 from relaunch.connectors.tracing import node_report_span, start_tracing
 from relaunch.models.config import ClusterConfig, ProbeMethod, WatchPaces, listen_address
 from relaunch.models.errors import RelaunchError
@@ -36,6 +36,7 @@ from relaunch.workers.watch_drains import AuditDrainRecorder
 from relaunch.workers.watch_lease import WatchLease
 from relaunch.workers.watcher import WatchConfig, Watcher
 from relaunch.workflows import recovery_client
+from relaunch.workflows.node_client import NodeDecisionSignals
 
 log = logging.getLogger("relaunch.watch")
 
@@ -101,8 +102,8 @@ async def run_watch(config: ClusterConfig, stop: asyncio.Event | None = None) ->
 
     async def on_node_report(report: NodeReport) -> bool:
         with node_report_span(config.name, report.node) as span:
-            decision, started = await signals.send_and_say(
-                config.name, report.node, config.policy, "report", report
+            decision, started = await signals.report(
+                config.name, report.node, config.policy, report
             )
             span.set_attribute(ATTR_INCIDENT, decision)
         log.info(

@@ -101,6 +101,47 @@ INVESTIGATE_BEATING = CallPolicy(
 )
 
 
+# A node lifecycle's looks at the node and its history; retried through an outage of Slurm or
+# the database.
+NODE_LOOK = CallPolicy(
+    timedelta(seconds=60),
+    RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30)),
+)
+# A node lifecycle's changes of the node (reservation, drain, return, ticket): a few attempts,
+# then the lifecycle says what failed and hands the node to a person.
+NODE_CHANGE = CallPolicy(
+    timedelta(seconds=180),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=2),
+        maximum_interval=timedelta(seconds=30),
+        maximum_attempts=5,
+        non_retryable_error_types=["InvalidNameError", "ValueError"],
+    ),
+    heartbeat=timedelta(seconds=30),
+)
+# A node lifecycle's checks, and a rung (a reboot waits for the node): long, heartbeating.
+NODE_LONG = CallPolicy(
+    timedelta(hours=2),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=5),
+        maximum_interval=timedelta(seconds=60),
+        maximum_attempts=3,
+        non_retryable_error_types=["InvalidNameError", "ValueError"],
+    ),
+    heartbeat=timedelta(seconds=15),
+)
+# A node decision's batch of requeues (and its look again at the node): a few attempts.
+REQUEUE = CallPolicy(
+    timedelta(seconds=180),
+    RetryPolicy(
+        initial_interval=timedelta(seconds=2),
+        maximum_interval=timedelta(seconds=20),
+        maximum_attempts=5,
+        non_retryable_error_types=["InvalidNameError"],
+    ),
+    heartbeat=timedelta(seconds=15),
+)
+
 # While a cluster is paused, a step that would change it, its retries spent, waits this long
 # before it is called again, doubling to the most: an unpause takes effect within
 # PAUSED_MAX_WAIT (sooner while the step's own retries run). Each wait adds about 11 events to

@@ -22,7 +22,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -53,10 +52,7 @@ with workflow.unsafe.imports_passed_through():
         Mode,
         Stage,
     )
-    from relaunch.workflows.approval import (
-        PAST,
-        NotAwaitingApprovalError,
-    )
+    from relaunch.workflows.approval import PAST, Gate
     from relaunch.workflows.attributes import (
         SA_AWAITING,
         SA_CLUSTER,
@@ -65,39 +61,13 @@ with workflow.unsafe.imports_passed_through():
         SA_NODES,
     )
     from relaunch.workflows.calls import (
-        CallPolicy,
+        NODE_CHANGE,
+        NODE_LONG,
+        NODE_LOOK,
         call,
         record_node_row,
     )
 
-# Looks at the node and its history; retried through an outage of Slurm or the database.
-LOOK = CallPolicy(
-    timedelta(seconds=60),
-    RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30)),
-)
-# Changes the node (reservation, drain, return, ticket): a few attempts, then the lifecycle
-# says what failed and hands the node to a person.
-CHANGE = CallPolicy(
-    timedelta(seconds=180),
-    RetryPolicy(
-        initial_interval=timedelta(seconds=2),
-        maximum_interval=timedelta(seconds=30),
-        maximum_attempts=5,
-        non_retryable_error_types=["InvalidNameError", "ValueError"],
-    ),
-    heartbeat=timedelta(seconds=30),
-)
-# The checks, and a rung (a reboot waits for the node): long, heartbeating.
-LONG = CallPolicy(
-    timedelta(hours=2),
-    RetryPolicy(
-        initial_interval=timedelta(seconds=5),
-        maximum_interval=timedelta(seconds=60),
-        maximum_attempts=3,
-        non_retryable_error_types=["InvalidNameError", "ValueError"],
-    ),
-    heartbeat=timedelta(seconds=15),
-)
 # While the node waits for its repair, the lifecycle wakes this often to start afresh
 # (continue-as-new) where Temporal suggests it: it may wait for weeks.
 REPAIR_WAKE = timedelta(days=1)
@@ -119,7 +89,7 @@ class NodeLifecycleWorkflow:
         self._tried: list[Rung] = []
         self._runs: list[CheckRun] = []
         self._pending: Pending | None = None
-        self._decision: tuple[Decision, Approval] | None = None
+        self._gate = Gate()
         self._decisions = 0
         self._repaired: RepairReturn | None = None
         self._ticket = ""
@@ -153,15 +123,12 @@ class NodeLifecycleWorkflow:
 
     @workflow.update
     def decide(self, inp: DecisionInput) -> LifecycleStatus:
-        self._decision = (inp.decision, inp.approval)
+        self._gate.taken = (inp.decision, inp.approval)
         return self.status()
 
     @decide.validator
     def _decide_allowed(self, inp: DecisionInput) -> None:
-        if self._pending is None or self._decision is not None:
-            raise NotAwaitingApprovalError(
-                f"{inp.decision.value} refused: nothing awaits approval (stage {self._stage.value})"
-            )
+        self._gate.validate(inp, self._not_awaiting())
 
     @workflow.query
     def status(self) -> LifecycleStatus:
@@ -180,13 +147,11 @@ class NodeLifecycleWorkflow:
             outcome=self._outcome,
         )
 
+    def _not_awaiting(self) -> str | None:
+        return self._gate.why_not(self._pending is not None, self._stage.value)
+
     def _signalled(self, decision: Decision, approval: Approval) -> None:
-        if self._pending is not None and self._decision is None:
-            self._decision = (decision, approval)
-        else:
-            workflow.logger.warning(
-                "ignored %s by %s: nothing pending", decision.value, approval.by
-            )
+        self._gate.offer(decision, approval, self._not_awaiting())
 
     # ------------------------------------------------------------------ helpers
 
@@ -271,7 +236,7 @@ class NodeLifecycleWorkflow:
         timeout = timedelta(seconds=inp.approval_timeout_s)
         deadline: datetime = workflow.now() + timeout
         self._pending = Pending(request_id=request, step=step, summary=summary, deadline=deadline)
-        self._decision = None
+        self._gate.taken = None
         workflow.upsert_search_attributes([SA_AWAITING.value_set(True)])
         await self._record(
             "stage",
@@ -282,7 +247,7 @@ class NodeLifecycleWorkflow:
         )
         try:
             await workflow.wait_condition(
-                lambda: self._decision is not None,
+                lambda: self._gate.taken is not None,
                 timeout=timeout,
                 timeout_summary=f"approval of {step}",
             )
@@ -290,8 +255,8 @@ class NodeLifecycleWorkflow:
             self._pending = None
             workflow.upsert_search_attributes([SA_AWAITING.value_set(False)])
             raise _Escalate(f"no decision on {step} within {timeout.total_seconds():g}s") from None
-        assert self._decision is not None
-        decision, by = self._decision
+        assert self._gate.taken is not None
+        decision, by = self._gate.taken
         self._pending = None
         workflow.upsert_search_attributes([SA_AWAITING.value_set(False)])
         await self._record(
@@ -328,7 +293,9 @@ class NodeLifecycleWorkflow:
             await self._ask(
                 "checks", f"reserve {inp.node} and run its checks ({purpose}): a Slurm step each"
             )
-        state = await call(LifecycleActivities.reserve, self._step(), CHANGE, f"reserve {inp.node}")
+        state = await call(
+            LifecycleActivities.reserve, self._step(), NODE_CHANGE, f"reserve {inp.node}"
+        )
         fault = self._faults[0]
         run = await call(
             LifecycleActivities.run_checks,
@@ -338,7 +305,7 @@ class NodeLifecycleWorkflow:
                 category=fault.category,
                 since=fault.at,
             ),
-            LONG,
+            NODE_LONG,
             f"checks on {inp.node}: {purpose}",
         )
         self._runs.append(run)
@@ -381,7 +348,7 @@ class NodeLifecycleWorkflow:
         start = await call(
             LifecycleActivities.start,
             StartInput(**self._step().model_dump(), fault=first),
-            LOOK,
+            NODE_LOOK,
             f"look at {inp.node}",
         )
         self._ladder = start.ladder
@@ -471,7 +438,7 @@ class NodeLifecycleWorkflow:
                     rung=rung,
                     reason=f"relaunch: {rung.value} {self._id}",
                 ),
-                LONG,
+                NODE_LONG,
                 f"{rung.value} {inp.node}",
             )
         except ActivityError as err:
@@ -493,7 +460,7 @@ class NodeLifecycleWorkflow:
             await call(
                 LifecycleActivities.hold,
                 HoldInput(**self._step().model_dump(), why=why),
-                CHANGE,
+                NODE_CHANGE,
                 f"drain {inp.node} again",
             )
         except ActivityError as err:
@@ -508,7 +475,7 @@ class NodeLifecycleWorkflow:
             await self._ask("return", f"return {inp.node} to service: {why}")
         try:
             result = await call(
-                LifecycleActivities.return_node, self._step(), CHANGE, f"return {inp.node}"
+                LifecycleActivities.return_node, self._step(), NODE_CHANGE, f"return {inp.node}"
             )
         except ActivityError as err:
             raise _Escalate(f"returning {inp.node} failed: {err.cause or err}") from None
@@ -580,7 +547,7 @@ class NodeLifecycleWorkflow:
                     tried=self._tried,
                     why=why,
                 ),
-                CHANGE,
+                NODE_CHANGE,
                 f"repair ticket for {inp.node}",
             )
             self._ticket = ticket.ticket

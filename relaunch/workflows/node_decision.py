@@ -20,11 +20,9 @@ Orchestration only: every decision and side effect is an activity.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -35,7 +33,6 @@ with workflow.unsafe.imports_passed_through():
         BatchJob,
         JobOutcome,
         JoinRequest,
-        LookAgainInput,
         NodeDecisionInput,
         NodeDecisionStatus,
         NodePlan,
@@ -52,10 +49,7 @@ with workflow.unsafe.imports_passed_through():
         Mode,
         Stage,
     )
-    from relaunch.workflows.approval import (
-        PAST,
-        NotAwaitingApprovalError,
-    )
+    from relaunch.workflows.approval import PAST, Gate
     from relaunch.workflows.attributes import (
         SA_CLUSTER,
         SA_MODE,
@@ -64,10 +58,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from relaunch.workflows.calls import (
         ACT,
-        CallPolicy,
+        REQUEUE,
         call,
         record_node_row,
     )
+    from relaunch.workflows.node_look import LookAgain
 
 # A decision plans and, where no person need approve (autonomous mode, the guard allows),
 # isolates the node in one activity (`plan_node`) that also records the planning stage: when a
@@ -77,12 +72,6 @@ with workflow.unsafe.imports_passed_through():
 # joins: a rack's jobs are back in the queue seconds after the failure; the joins then only
 # complete each job's trail.
 #
-# A decision that holds the watcher's report but did not requeue its jobs ahead (the report
-# came after the drain, or the node's slurmd still answered plan_node's probe: a node's Xid
-# line is often written before it dies) looks at the drained node again (`look_again`). Once
-# the slurmd is silent, the node is fenced and the report's jobs that have not joined are
-# requeued ahead. When to look, after the drain; a report that comes later is looked at once.
-LOOKS = tuple(timedelta(seconds=s) for s in (1, 3, 6, 10, 20))
 
 # How long a decision stays open after its last join: later detections of the same failure
 # (a job whose recovery was slow to start, a straggler's hang) join it instead of starting the
@@ -92,20 +81,10 @@ JOIN_WINDOW = timedelta(minutes=10)
 BATCH_MAX = 200
 # Signals to the joined recoveries, sent at once in groups of this many.
 SIGNAL_GROUP = 100
-REQUEUE = CallPolicy(
-    timedelta(seconds=180),
-    RetryPolicy(
-        initial_interval=timedelta(seconds=2),
-        maximum_interval=timedelta(seconds=20),
-        maximum_attempts=5,
-        non_retryable_error_types=["InvalidNameError"],
-    ),
-    heartbeat=timedelta(seconds=15),
-)
 
 
 @workflow.defn
-class NodeDecisionWorkflow:
+class NodeDecisionWorkflow(LookAgain):
     def __init__(self) -> None:
         self._id = ""
         self._input: NodeDecisionInput | None = None
@@ -115,7 +94,7 @@ class NodeDecisionWorkflow:
         self._pending: list[JoinRequest] = []
         self._unannounced: list[JoinRequest] = []
         self._joined: dict[str, JoinRequest] = {}
-        self._decision: tuple[Decision, Approval] | None = None
+        self._gate = Gate()
         self._deadline: datetime | None = None
         self._requeued = 0
         self._batches = 0
@@ -173,14 +152,12 @@ class NodeDecisionWorkflow:
     @workflow.update
     def decide(self, inp: DecisionInput) -> NodeDecisionStatus:
         """A person's decision on the node's plan, covering every job that joined."""
-        self._decision = (inp.decision, inp.approval)
+        self._gate.taken = (inp.decision, inp.approval)
         return self.status()
 
     @decide.validator
     def _decide_allowed(self, inp: DecisionInput) -> None:
-        why = self._not_awaiting()
-        if why is not None:
-            raise NotAwaitingApprovalError(f"{inp.decision.value} refused: {why}")
+        self._gate.validate(inp, self._not_awaiting())
 
     @workflow.query
     def status(self) -> NodeDecisionStatus:
@@ -194,26 +171,17 @@ class NodeDecisionWorkflow:
             plan=self._plan,
             awaiting_approval=awaiting,
             approval_deadline=self._deadline if awaiting else None,
-            decided_by=self._decision[1].by if self._decision else None,
+            decided_by=self._gate.taken[1].by if self._gate.taken else None,
             covers=list(self._joined),
             requeued=self._requeued,
             outcome=self._outcome,
         )
 
     def _not_awaiting(self) -> str | None:
-        if self._decision is not None:
-            decision, by = self._decision
-            return f"already {PAST[decision]} by {by.by}"
-        if self._stage is not Stage.AWAITING_APPROVAL:
-            return f"not awaiting approval (stage {self._stage.value})"
-        return None
+        return self._gate.why_not(self._stage is Stage.AWAITING_APPROVAL, self._stage.value)
 
     def _signalled(self, decision: Decision, approval: Approval) -> None:
-        why = self._not_awaiting()
-        if why is None:
-            self._decision = (decision, approval)
-        else:
-            workflow.logger.warning("ignored %s by %s: %s", decision.value, approval.by, why)
+        self._gate.offer(decision, approval, self._not_awaiting())
 
     # ------------------------------------------------------------------ helpers
 
@@ -261,8 +229,14 @@ class NodeDecisionWorkflow:
             await asyncio.gather(*(self._signal_one(rid, update) for rid, update in group))
 
     async def _signal_one(self, recovery_id: str, update: NodeUpdate) -> None:
+        # Imported here: the recovery workflow's module imports this one (it forwards a
+        # person's decision to a node decision).
+        from relaunch.workflows.recovery import RecoveryWorkflow
+
         try:
-            await workflow.get_external_workflow_handle(recovery_id).signal("node_update", update)
+            await workflow.get_external_workflow_handle_for(
+                RecoveryWorkflow.run, recovery_id
+            ).signal(RecoveryWorkflow.node_update, update)
         except Exception as exc:  # a recovery that ended (or was terminated) meanwhile
             workflow.logger.warning("could not tell %s: %s", recovery_id, exc)
 
@@ -387,13 +361,13 @@ class NodeDecisionWorkflow:
             **({"override": True} if plan.needs_override else {}),
         )
         try:
-            while self._decision is None:
+            while self._gate.taken is None:
                 # Jobs that join while the decision waits hear that it waits (and for whom).
                 announce, self._unannounced = self._unannounced, []
                 await self._tell(announce, self._update())
                 remaining = self._deadline - workflow.now()
                 await workflow.wait_condition(
-                    lambda: self._decision is not None or bool(self._unannounced),
+                    lambda: self._gate.taken is not None or bool(self._unannounced),
                     timeout=max(remaining, timedelta(seconds=1)),
                     timeout_summary="approval expiry",
                 )
@@ -402,7 +376,7 @@ class NodeDecisionWorkflow:
                 f"no decision on draining {inp.node} within "
                 f"{inp.policy.approval_timeout_s:g}s: no action"
             )
-        decision, by = self._decision
+        decision, by = self._gate.taken
         overrides = plan.needs_override and decision is Decision.APPROVE
         await self._record(
             "approval" if decision is Decision.APPROVE else "rejection",
@@ -509,75 +483,6 @@ class NodeDecisionWorkflow:
                     await self._tell(rest, self._update(JobOutcome.FAILED, self._back))
                     return
 
-    # ------------------------------------------------------------------ look again
-
-    def _look_due_at(self) -> datetime | None:
-        """When to look at the node again, or None: a decision that drained the
-        node on its own (autonomous), holds the watcher's report of its jobs, and has not
-        requeued them ahead, because the report came after the drain or the node still
-        answered plan_node's probe (then it was drained, not fenced)."""
-        plan, report, at = self._plan, self._report, self._isolated_at
-        if self._looked or report is None or not report.running:
-            return None
-        if plan is None or plan.isolated is None or not plan.isolated.ok or at is None:
-            return None
-        if self._final is not None or self._looks >= len(LOOKS):
-            return None
-        if self._report_used and not (plan.drain and not plan.fence):
-            return None  # plan_node requeued ahead (or the node was out before: not ours)
-        return at + LOOKS[self._looks]
-
-    def _look_due(self) -> bool:
-        due = self._look_due_at()
-        return due is not None and workflow.now() >= due
-
-    async def _until_joined_or_look(self) -> None:
-        """Wait for a join, a late report, or the next look, whichever comes first."""
-        due = self._look_due_at()
-        assert due is not None
-        wait = due - workflow.now()
-        if wait <= timedelta(0):
-            return
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: bool(self._pending) or self._look_due() or bool(self._back),
-                timeout=wait,
-                timeout_summary="look at the node again",
-            )
-
-    async def _look_again(self) -> None:
-        """One look (`look_again`): once the node's slurmd is silent, it is fenced and the
-        report's jobs that have not joined are requeued ahead (their batches requeue the
-        others); a job that joins meanwhile is matched when the look is done."""
-        inp, report, plan = self._input, self._report, self._plan
-        assert inp is not None and report is not None and plan is not None
-        self._report_used = True  # a report that came late is looked at once, then as planned
-        self._looks += 1
-        joined = {r.job_id for r in self._joined.values()}
-        try:
-            looked = await call(
-                NodeActivities.look_again,
-                LookAgainInput(
-                    decision_id=self._id,
-                    cluster=inp.cluster,
-                    node=inp.node,
-                    report=report,
-                    plan=plan,
-                    policy=inp.policy,
-                    joined=[j.job_id for j in report.running if j.job_id in joined],
-                    last=self._looks >= len(LOOKS),
-                ),
-                REQUEUE,
-                f"look at {inp.node} again ({self._looks} of {len(LOOKS)})",
-            )
-        except ActivityError as err:  # their joins requeue them, as without the report
-            workflow.logger.warning("look at %s again: %s", inp.node, err)
-            self._looked = True
-            return
-        if looked.looked != "answers":
-            self._looked = True
-        self._ahead.update({a.job_id: a for a in looked.ahead})
-
     def _requeues(self, request: JoinRequest) -> bool:
         """Whether this decision requeues the job: it names this node to, and either a person
         approved the decision or the job's own policy is autonomous (a job in monitor mode is
@@ -586,7 +491,7 @@ class NodeDecisionWorkflow:
         assert inp is not None
         if request.requeue_by != inp.node:
             return False
-        return self._decision is not None or request.mode is Mode.AUTONOMOUS
+        return self._gate.taken is not None or request.mode is Mode.AUTONOMOUS
 
     def _ahead_of(self, request: JoinRequest) -> Ahead | None:
         """The requeue plan_node did for this job ahead of its join, if it was of the attempt

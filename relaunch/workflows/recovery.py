@@ -46,11 +46,9 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         StepOutcome,
         Verdict,
-        VerifyCheck,
-        VerifyInput,
         recovery_workflow_id,
     )
-    from relaunch.workflows.approval import PAST, NotAwaitingApprovalError
+    from relaunch.workflows.approval import PAST, Gate
     from relaunch.workflows.attributes import (
         SA_CATEGORY,
         SA_CLUSTER,
@@ -64,19 +62,14 @@ with workflow.unsafe.imports_passed_through():
         ACT,
         INVESTIGATE,
         INVESTIGATE_BEATING,
-        OBSERVE,
         RECORD,
         call,
         job_not_found,
     )
+    from relaunch.workflows.node_decision import NodeDecisionWorkflow
+    from relaunch.workflows.verify import verify_restart
 
 
-# Before each look at a restarted job: 5 s, growing by half each time, to 10 s. A requeued job
-# waits out Slurm's cred_expire (10 s at the least that is sane) before it runs again, so an
-# earlier look finds nothing; each look is a workflow task, and hundreds of recoveries look at
-# once after a rack failure.
-VERIFY_FIRST_PAUSE = timedelta(seconds=5)
-VERIFY_MAX_PAUSE = timedelta(seconds=10)
 # How long a recovery waits for its node decision's outcome beyond the approval timeout
 # before it goes on alone (a decision terminated by hand, a stuck batch).
 NODE_WAIT_SLACK = timedelta(minutes=15)
@@ -91,7 +84,7 @@ class RecoveryWorkflow:
         self._mode: Mode | None = None
         self._verdict: Verdict | None = None
         self._plan: ActionPlan | None = None
-        self._decision: tuple[Decision, Approval] | None = None
+        self._gate = Gate()
         self._deadline: datetime | None = None
         self._detections = 0
         self._named_nodes: set[str] = set()
@@ -159,7 +152,7 @@ class RecoveryWorkflow:
     def _node_awaiting(self) -> NodeUpdate | None:
         """The news of the job's decision while it awaits a person's approval."""
         waiting = self._node_waits()
-        return waiting if self._decision is None else None
+        return waiting if self._gate.taken is None else None
 
     def _node_waits(self) -> NodeUpdate | None:
         """The job's decision's last news, while it says it awaits approval (decided here or
@@ -184,23 +177,25 @@ class RecoveryWorkflow:
         """A person's decision on the plan awaiting approval; the status with it taken. While
         the job's node decision awaits approval, the decision is that decision's: it covers
         every job that joined it."""
-        self._decision = (inp.decision, inp.approval)
+        self._gate.taken = (inp.decision, inp.approval)
         await self._forward(inp.decision, inp.approval)
         return self.status()
 
     async def _forward(self, decision: Decision, approval: Approval) -> None:
         """Pass a decision on to the node decision awaiting it, if that is what is awaited."""
         if self._node_waits() is not None and self._stage is Stage.ISOLATING:
-            await workflow.get_external_workflow_handle(self._joined.requeue_by).signal(
-                decision.value, approval
-            )
+            signal = {
+                Decision.APPROVE: NodeDecisionWorkflow.approve,
+                Decision.REJECT: NodeDecisionWorkflow.reject,
+            }[decision]
+            decision_id = self._joined.requeue_by
+            await workflow.get_external_workflow_handle_for(
+                NodeDecisionWorkflow.run, decision_id
+            ).signal(signal, approval)
 
     @decide.validator
     def _decide_allowed(self, inp: DecisionInput) -> None:
-        """Refuse a decision when none is awaited, saying why."""
-        why = self._not_awaiting()
-        if why is not None:
-            raise NotAwaitingApprovalError(f"{inp.decision.value} refused: {why}")
+        self._gate.validate(inp, self._not_awaiting())
 
     @workflow.query
     def status(self) -> RecoveryStatus:
@@ -215,7 +210,7 @@ class RecoveryWorkflow:
             plan=self._plan,
             awaiting_approval=awaiting,
             approval_deadline=self._deadline if awaiting else None,
-            decided_by=self._decision[1].by if self._decision else None,
+            decided_by=self._gate.taken[1].by if self._gate.taken else None,
             detections=self._detections,
             outcome=self._outcome,
             node_decisions=self._joined.decisions,
@@ -224,25 +219,18 @@ class RecoveryWorkflow:
         )
 
     def _not_awaiting(self) -> str | None:
-        """Why a decision cannot be taken now (None: the recovery awaits one)."""
-        if self._decision is not None:
-            decision, by = self._decision
-            return f"already {PAST[decision]} by {by.by}"
-        if self._stage is Stage.ISOLATING and self._node_awaiting is not None:
-            return None  # its node decision awaits one (see decide)
-        if self._stage is not Stage.AWAITING_APPROVAL:
-            return f"not awaiting approval (stage {self._stage.value})"
-        return None
+        """Why a decision cannot be taken now (None: the recovery, or the node decision it
+        waits on, awaits one: see decide)."""
+        node = self._stage is Stage.ISOLATING and self._node_awaiting is not None
+        return self._gate.why_not(self._stage is Stage.AWAITING_APPROVAL or node, self._stage.value)
 
     async def _signalled(self, decision: Decision, approval: Approval) -> None:
         """An approve or reject signal: the decision when one is awaited; otherwise ignored,
         and put in the audit trail as a late decision."""
         why = self._not_awaiting()
-        if why is None:
-            self._decision = (decision, approval)
+        if self._gate.offer(decision, approval, why):
             await self._forward(decision, approval)
             return
-        workflow.logger.warning("ignored %s by %s: %s", decision.value, approval.by, why)
         self._late_decisions += 1
         await self._record(
             "late_decision",
@@ -255,7 +243,7 @@ class RecoveryWorkflow:
                 "by": approval.by,
                 "reason": approval.reason,
                 "stage": self._stage.value,
-                "decided_by": self._decision[1].by if self._decision else None,
+                "decided_by": self._gate.taken[1].by if self._gate.taken else None,
             },
         )
 
@@ -415,7 +403,7 @@ class RecoveryWorkflow:
             )
             try:
                 await workflow.wait_condition(
-                    lambda: self._decision is not None,
+                    lambda: self._gate.taken is not None,
                     timeout=timedelta(seconds=policy.approval_timeout_s),
                     timeout_summary="approval expiry",
                 )
@@ -423,8 +411,8 @@ class RecoveryWorkflow:
                 return await self._finish(
                     Stage.EXPIRED, f"no decision within {policy.approval_timeout_s:g}s: no action"
                 )
-            assert self._decision is not None
-            decision, by = self._decision
+            assert self._gate.taken is not None
+            decision, by = self._gate.taken
             overrides = override and decision is Decision.APPROVE
             await self._record(
                 "approval" if decision is Decision.APPROVE else "rejection",
@@ -571,47 +559,9 @@ class RecoveryWorkflow:
     async def _verify(
         self, job_id: str, avoid: list[str], checkpoint: int | None
     ) -> RecoveryStatus:
-        """Look at the restarted job until it runs on healthy nodes (and past its checkpoint),
-        with a durable timer between looks; no activity slot is held while it comes back."""
-        inp = self._input
-        assert inp is not None
-        timeout = timedelta(seconds=inp.policy.verify_timeout_s)
-        deadline = workflow.now() + timeout
-        pause = VERIFY_FIRST_PAUSE
-        check = VerifyCheck()
-        while True:
-            await workflow.sleep(pause, summary="until the next look at the job")
-            pause = min(pause * 1.5, VERIFY_MAX_PAUSE)
-            try:
-                check = await call(
-                    ActionActivities.verify_check,
-                    VerifyInput(
-                        incident_id=self._incident,
-                        cluster=inp.cluster,
-                        job_id=job_id,
-                        avoid_nodes=avoid,
-                        checkpoint_step=checkpoint,
-                        timeout_s=inp.policy.verify_timeout_s,
-                    ),
-                    OBSERVE,
-                    "verify: look at the job",
-                    local=True,
-                )
-            except (ActivityError, ApplicationError) as err:
-                cause = err.cause if isinstance(err, ActivityError) else err
-                return await self._finish(
-                    Stage.FAILED, f"failed in verifying: {getattr(cause, 'message', cause)}"
-                )
-            if check.done:
-                return await self._finish(Stage.DONE, check.detail)
-            if check.failed:
-                return await self._finish(Stage.FAILED, f"failed in verifying: {check.detail}")
-            if workflow.now() >= deadline:
-                return await self._finish(
-                    Stage.FAILED,
-                    f"failed in verifying: job {job_id} not running on healthy nodes after "
-                    f"{timeout.total_seconds():.0f}s ({check.detail})",
-                )
+        assert self._input is not None
+        looked = await verify_restart(self._incident, self._input, job_id, avoid, checkpoint)
+        return await self._finish(*looked)
 
     async def _failed(self, err: ActivityError) -> RecoveryStatus:
         cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from opentelemetry import trace
 from temporalio.client import (
@@ -28,11 +30,11 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from relaunch.connectors import tracing
+from relaunch.connectors.temporal import STARTED_BY_MEMO, start_token, started_by
 from relaunch.models import search_attributes as sa
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import RelaunchError
 from relaunch.models.lifecycle import (
-    LifecycleStatus,
     NodeStage,
     NoLifecycleError,
     NotAwaitingRepairError,
@@ -55,6 +57,8 @@ from relaunch.models.recovery import (
     same_attempt_ids,
     task_queue,
 )
+from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
+from relaunch.workflows.node_decision import NodeDecisionWorkflow
 from relaunch.workflows.recovery import RecoveryWorkflow
 
 SUBMITTED_MEMO = "submitted_at"
@@ -161,17 +165,24 @@ async def start_or_join(client: Client, config: ClusterConfig, det: Detection) -
     dropped. A recovery whose workflow failed (it never reached a terminal stage) is started
     again under the same id. After a recovery that ended with no action, a detection of what
     the job's user cannot write opens the attempt's next recovery (:func:`current_recovery`)."""
-    return await _signal_with_start(client, config, det, "detection", det, 1)
+    return await _signal_with_start(client, config, det, RecoveryWorkflow.detection, det, 1)
 
 
 async def hand_over(client: Client, config: ClusterConfig, dets: list[Detection]) -> bool:
     """Signal the job attempt's recovery with several later detections of it at once (signal
     `detections`), as :func:`start_or_join` does with one."""
-    return await _signal_with_start(client, config, dets[0], "detections", dets, len(dets))
+    return await _signal_with_start(
+        client, config, dets[0], RecoveryWorkflow.detections, dets, len(dets)
+    )
 
 
 async def _signal_with_start(
-    client: Client, config: ClusterConfig, det: Detection, signal: str, arg: object, count: int
+    client: Client,
+    config: ClusterConfig,
+    det: Detection,
+    signal: Callable[[RecoveryWorkflow, Any], Awaitable[None]],
+    arg: object,
+    count: int,
 ) -> bool:
     workflow_id, latest = await current_recovery(client, det)
     if (
@@ -182,9 +193,13 @@ async def _signal_with_start(
         return False
     memo: dict[str, object] = {SUBMITTED_MEMO: _epoch(det.submitted_at)} if det.submitted_at else {}
     starts = latest is None or latest.status is not WorkflowExecutionStatus.RUNNING
+    token = ""
     if latest is None or starts:
         span = tracing.recovery_span(workflow_id, det)
         memo.update(tracing.trace_memo(span))
+        if span.get_span_context().trace_flags.sampled:  # whether it started the run matters
+            token = start_token()
+            memo[STARTED_BY_MEMO] = token
     else:
         span = await tracing.follow_up_span(latest, workflow_id, det, count)
     try:
@@ -200,7 +215,7 @@ async def _signal_with_start(
                 ),
                 id=workflow_id,
                 task_queue=task_queue(config.name),
-                start_signal=signal,
+                start_signal=signal.__name__,  # the SDK's default name: the method's own
                 start_signal_args=[arg],
                 # The server's own guard for a run that completed between the look above and now.
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
@@ -212,7 +227,7 @@ async def _signal_with_start(
     finally:
         if not starts:
             span.end()  # a follow-up's span is no root: sent whatever became of the signal
-    if starts and tracing.started_run(handle):
+    if starts and token and await started_by(client, handle, token):
         # The root is sent only when this signal started the recovery's run: a sender that
         # lost a race, or whose signal failed, leaves its root unsent (docs/tracing.md).
         span.end()
@@ -308,9 +323,9 @@ async def _decide_node(client: Client, decision_id: str, inp: DecisionInput) -> 
     """A person's decision on a node decision (it covers every job that joined it), told as
     a recovery's status: ``node_decision`` and ``covers`` say what it covers."""
     try:
-        node = await client.get_workflow_handle(decision_id).execute_update(
-            "decide", inp, result_type=NodeDecisionStatus
-        )
+        node = await client.get_workflow_handle_for(
+            NodeDecisionWorkflow.run, decision_id
+        ).execute_update(NodeDecisionWorkflow.decide, inp)
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         why = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
@@ -334,9 +349,9 @@ async def _decide_lifecycle(client: Client, lifecycle: str, inp: DecisionInput) 
     """A person's decision on a node lifecycle's pending step (a rung, or the return to
     service), told as a recovery's status."""
     try:
-        status = await client.get_workflow_handle(lifecycle).execute_update(
-            "decide", inp, result_type=LifecycleStatus
-        )
+        status = await client.get_workflow_handle_for(
+            NodeLifecycleWorkflow.run, lifecycle
+        ).execute_update(NodeLifecycleWorkflow.decide, inp)
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         why = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
@@ -361,14 +376,14 @@ async def signal_repaired(client: Client, cluster: str, node: str, repair: Repai
         f'RelaunchCluster="{cluster}" AND RelaunchNodes="{node}"'
     )
     async for execution in client.list_workflows(query, limit=5):
-        handle = client.get_workflow_handle(execution.id)
-        status = await handle.query("status", result_type=LifecycleStatus)
+        handle = client.get_workflow_handle_for(NodeLifecycleWorkflow.run, execution.id)
+        status = await handle.query(NodeLifecycleWorkflow.status)
         if status.stage is not NodeStage.ESCALATED:
             raise NotAwaitingRepairError(
                 f"{node}'s lifecycle {execution.id} is {status.stage.value}, not waiting for a "
                 "repair"
             )
-        await handle.signal("returned", repair)
+        await handle.signal(NodeLifecycleWorkflow.returned, repair)
         return execution.id
     raise NoLifecycleError(
         f"no lifecycle of {node} on {cluster} is waiting for a repair",

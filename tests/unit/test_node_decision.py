@@ -32,7 +32,6 @@ from relaunch.activities.deps import Deps
 from relaunch.activities.evidence import EvidenceActivities
 from relaunch.activities.node import NodeActivities
 from relaunch.connectors.audit import AuditStore, StoredEvent
-from relaunch.connectors.temporal import DECISION_TASK_TIMEOUT, NodeDecisionSignals
 from relaunch.detection.planning import node_decision_nodes
 from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import InvalidNameError
@@ -75,8 +74,7 @@ from relaunch.models.recovery import (
 )
 from relaunch.models.scheduler import Job, JobState, Node, NodeState
 from relaunch.workers.worker import WORKFLOW_RUNNER
-from relaunch.workflows import node_decision as node_decision_module
-from relaunch.workflows import recovery_client
+from relaunch.workflows import node_look, recovery_client
 from relaunch.workflows.attributes import (
     SA_AWAITING,
     SA_CATEGORY,
@@ -86,6 +84,7 @@ from relaunch.workflows.attributes import (
     SA_NODES,
     SA_STAGE,
 )
+from relaunch.workflows.node_client import DECISION_TASK_TIMEOUT, NodeDecisionSignals
 from relaunch.workflows.node_decision import NodeDecisionWorkflow
 from relaunch.workflows.recovery import RecoveryWorkflow
 from tests.support.fake_scheduler import FakeScheduler
@@ -479,16 +478,14 @@ async def test_the_watchers_report_drains_the_node_before_any_job_joins(rig: Rig
     ids = jobs_on(rig, "n9", 4, 900)
     # The watcher's probes found n9's slurmd gone: it reports the node, as `relaunch watch` does.
     signals = NodeDecisionSignals(rig.client)
-    decision, started = await signals.send_and_say(
-        rig.cluster, "n9", policy, "report", _report("n9", 4)
-    )
+    decision, started = await signals.report(rig.cluster, "n9", policy, _report("n9", 4))
     assert decision == node_decision_id(rig.cluster, "n9", 1) and started
     # A workflow task a worker took and never answered is handed out again after 4 s, not 10.
     described = await rig.client.get_workflow_handle(decision).describe()
     config = described.raw_description.execution_config
     assert config.default_workflow_task_timeout.ToTimedelta() == DECISION_TASK_TIMEOUT
     # A second report reaches the running decision: the watcher is told it started nothing.
-    again = await signals.send_and_say(rig.cluster, "n9", policy, "report", _report("n9", 4))
+    again = await signals.report(rig.cluster, "n9", policy, _report("n9", 4))
     assert again == (decision, False)
     steps = {
         r.data["step"]: r.data["changed"] for r in await _until_rows(rig, decision, "action", 2)
@@ -532,9 +529,7 @@ async def test_a_fenced_nodes_reported_jobs_are_requeued_before_their_recoveries
     # The watcher lists the node's jobs that run on no other reported node (watch_handover.py).
     running = [ReportedJob(job_id=j, partition="gpu", restart_count=0) for j in ids]
     report = _report("n15", 5).model_copy(update={"running": running})
-    decision = await NodeDecisionSignals(rig.client).send(
-        rig.cluster, "n15", policy, "report", report
-    )
+    decision, _ = await NodeDecisionSignals(rig.client).report(rig.cluster, "n15", policy, report)
     [ahead] = await _until_rows(rig, decision, "requeue_batch")
     # Drained, fenced, and every job requeued, before any job's recovery has even started.
     assert ahead.data["ahead"] is True and "5 of 5 jobs requeued" in ahead.summary
@@ -621,10 +616,9 @@ async def test_a_report_that_comes_after_the_drain_requeues_the_jobs_not_yet_joi
     report = _report("n18", 4).model_copy(
         update={"running": [ReportedJob(job_id=j, restart_count=0) for j in ids]}
     )
-    assert (
-        await NodeDecisionSignals(rig.client).send(rig.cluster, "n18", policy, "report", report)
-        == decision
-    )
+    assert (await NodeDecisionSignals(rig.client).report(rig.cluster, "n18", policy, report))[
+        0
+    ] == decision
     late = [
         r for r in await _until_rows(rig, decision, "requeue_batch", 2) if r.data.get("second_look")
     ]
@@ -650,8 +644,8 @@ async def test_a_late_report_of_a_node_that_answers_requeues_nothing_ahead(rig: 
         report = _report("n19", 3).model_copy(
             update={"running": [ReportedJob(job_id=j, restart_count=0) for j in ids]}
         )
-        decision = await NodeDecisionSignals(rig.client).send(
-            rig.cluster, "n19", policy, "report", report
+        decision, _ = await NodeDecisionSignals(rig.client).report(
+            rig.cluster, "n19", policy, report
         )
         [row] = await _until_rows(rig, decision, "node_report")
     assert row.data["look_again"] is True and "still answers" in row.summary
@@ -676,7 +670,7 @@ def _xid_report(node: str, ids: list[str]) -> NodeReport:
 def quick_looks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decisions' second looks at a node 0.2–0.8 s after the drain (1–20 s in service)."""
     looks = tuple(timedelta(seconds=s) for s in (0.2, 0.4, 0.8))
-    monkeypatch.setattr(node_decision_module, "LOOKS", looks)
+    monkeypatch.setattr(node_look, "LOOKS", looks)
 
 
 @pytest.mark.usefixtures("quick_looks")
@@ -687,8 +681,8 @@ async def test_a_reported_node_that_answers_gets_no_requeue_ahead(rig: Rig) -> N
     policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
     ids = jobs_on(rig, "n16", 2, 1800)
     async with answering(rig, "n16"):
-        decision = await NodeDecisionSignals(rig.client).send(
-            rig.cluster, "n16", policy, "report", _xid_report("n16", ids)
+        decision, _ = await NodeDecisionSignals(rig.client).report(
+            rig.cluster, "n16", policy, _xid_report("n16", ids)
         )
         [row] = await _until_rows(rig, decision, "node_report")
         assert row.data["look_again"] is True and "still answers" in row.summary
@@ -707,8 +701,8 @@ async def test_a_drained_node_whose_slurmd_dies_later_is_fenced_and_its_jobs_req
     policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
     ids = jobs_on(rig, "n14", 3, 1600)
     async with answering(rig, "n14"):
-        decision = await NodeDecisionSignals(rig.client).send(
-            rig.cluster, "n14", policy, "report", _xid_report("n14", ids)
+        decision, _ = await NodeDecisionSignals(rig.client).report(
+            rig.cluster, "n14", policy, _xid_report("n14", ids)
         )
         [drain] = await _until_rows(rig, decision, "action")
         assert drain.data["step"] == "drain" and rig.sched.requeues == []
@@ -725,8 +719,8 @@ async def test_a_drained_node_whose_slurmd_dies_later_is_fenced_and_its_jobs_req
 async def test_a_report_a_fresh_probe_does_not_confirm_convicts_nothing(rig: Rig) -> None:
     policy = Policy(mode=Mode.AUTONOMOUS, drain_cap=10, drain_share=1.0)
     async with answering(rig, "n10"):
-        decision = await NodeDecisionSignals(rig.client).send(
-            rig.cluster, "n10", policy, "report", _report("n10", 1)
+        decision, _ = await NodeDecisionSignals(rig.client).report(
+            rig.cluster, "n10", policy, _report("n10", 1)
         )
         [row] = await _until_rows(rig, decision, "node_report")
     # slurmd answered the decision's own probe: the watcher's word alone drains nothing.
@@ -756,8 +750,8 @@ async def test_a_reported_xid_in_the_nodes_own_kernel_log_drains_a_node_that_sti
         }
     )
     async with answering(rig, "n11"):
-        decision = await NodeDecisionSignals(rig.client).send(
-            rig.cluster, "n11", policy, "report", report
+        decision, _ = await NodeDecisionSignals(rig.client).report(
+            rig.cluster, "n11", policy, report
         )
         [drain] = await _until_rows(rig, decision, "action")
     # Drained on its kernel log's word; its slurmd answers, so it is not fenced.
@@ -777,8 +771,8 @@ async def test_a_drain_that_fails_in_plan_node_fails_the_decisions_jobs_not_the_
         raise InvalidNameError(f"node name {name!r} refused by the test")
 
     monkeypatch.setattr(rig.sched, "drain_node", refused)
-    decision = await NodeDecisionSignals(rig.client).send(
-        rig.cluster, "n12", policy, "report", _report("n12", 1)
+    decision, _ = await NodeDecisionSignals(rig.client).report(
+        rig.cluster, "n12", policy, _report("n12", 1)
     )
     handle = rig.client.get_workflow_handle(decision)
     for _ in range(300):
