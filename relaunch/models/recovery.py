@@ -317,6 +317,11 @@ class JobSnapshot(BaseModel):
         default=None,
         description="the job's own budget, from `--comment relaunch=on,max_restarts=N`",
     )
+    user: str = Field(
+        default="",
+        description="the job's user, as Slurm lists it: whose voice the plan counts among the "
+        "users that named a suspect (carried here, so no step reads it back from the bundle)",
+    )
 
 
 class GatherInput(BaseModel):

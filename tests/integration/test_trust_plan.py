@@ -62,7 +62,7 @@ async def test_suspicion_of_two_users_sends_the_node_to_its_checks_and_drains_no
         evidence = EvidenceSummary(
             incident_id=incident,
             bundle_path=str(path),
-            job=JobSnapshot(job_id=job_id, nodes=NODES),
+            job=JobSnapshot(job_id=job_id, nodes=NODES, user=user),
         )
         return await activities.plan(
             PlanInput(
@@ -94,7 +94,7 @@ async def test_suspicion_of_two_users_sends_the_node_to_its_checks_and_drains_no
         await audit.close()
 
 
-async def test_the_bundle_records_the_jobs_user_and_submit_time(
+async def test_the_evidence_and_the_bundle_record_the_jobs_user_and_submit_time(
     stack: Stack, scheduler: SlurmCli, slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     job_id = sbatch(
@@ -123,4 +123,7 @@ async def test_the_bundle_records_the_jobs_user_and_submit_time(
         await audit.close()
     recorded = BundleJob.model_validate_json((Path(summary.bundle_path) / "job.json").read_text())
     assert recorded.user == getpass.getuser() and recorded.submit_time is not None
+    # The plan reads whose job it is from the evidence itself, never back from the bundle: a
+    # worker that plans need not see the directory the gathering worker wrote.
+    assert summary.job.user == getpass.getuser()
     assert recorded.submit_time <= recorded.observed_at
