@@ -109,13 +109,29 @@ class ActionActivities:
             if refused is not None:
                 return refused
             outcome = await self._drain_and_fence(inp)
-        await self._start_lifecycles(inp)
+        await self._start_lifecycles(inp, [*inp.plan.drain_nodes, *inp.plan.fence_nodes])
         return outcome
 
-    async def _start_lifecycles(self, inp: ActInput) -> None:
-        """Hand each node this plan took out to its lifecycle (relaunch/workflows/lifecycle.py:
-        checks, remediation, return or repair). A lifecycle that cannot be started is said in
-        the incident's trail; the drain stands, and the node waits for a person."""
+    @activity.defn(name="check_suspects")
+    @typed_errors
+    async def check_suspects(self, inp: ActInput) -> StepOutcome:
+        """Send the plan's check nodes (suspects the jobs of several users named) to their
+        lifecycles: checked in a maintenance reservation, never drained on the suspicion; only
+        failing checks, Relaunch's own evidence, take one out of service."""
+        await self.deps.unless_paused(inp.incident_id, "check_suspects")  # a fence follows
+        nodes = inp.plan.check_nodes
+        if not self.deps.config.lifecycle.enabled or self.deps.temporal is None:
+            return StepOutcome(ok=True, detail="node lifecycles are off: no checks")
+        await self._start_lifecycles(inp, nodes, suspect=True)
+        return StepOutcome(ok=True, detail=f"{', '.join(nodes)} sent to their lifecycle's checks")
+
+    async def _start_lifecycles(
+        self, inp: ActInput, nodes: list[str], *, suspect: bool = False
+    ) -> None:
+        """Hand each node this plan took out (or, ``suspect``, named by several users' jobs)
+        to its lifecycle (relaunch/workflows/lifecycle.py: checks, remediation, return or
+        repair). A lifecycle that cannot be started is said in the incident's trail; a drain
+        stands, and the node waits for a person."""
         settings, client = self.deps.config.lifecycle, self.deps.temporal
         if not settings.enabled or client is None:
             return
@@ -125,15 +141,18 @@ class ActionActivities:
             self._lifecycles = LifecycleSignals(client)
         plan = inp.plan
         category = plan.category or Category.NODE_FAILURE
-        for node in dict.fromkeys([*plan.drain_nodes, *plan.fence_nodes]):
-            remedy = plan.remedies.get(node)
+        for node in dict.fromkeys(nodes):
+            remedy = None if suspect else plan.remedies.get(node)
             fault = LifecycleFault(
                 incident_id=inp.incident_id,
                 category=category,
                 remedy=remedy,
-                kind=f"{category.value}/{remedy or 'none'}",
+                kind=f"suspect/{category.value}"
+                if suspect
+                else f"{category.value}/{remedy or 'none'}",
                 summary=(plan.reasons[0] if plan.reasons else "")[:300],
                 at=datetime.now(UTC),
+                suspect=suspect,
             )
             try:
                 lifecycle = await self._lifecycles.fault(self.deps.config, node, fault)
@@ -150,7 +169,8 @@ class ActionActivities:
             await self.deps.audit_row(
                 inp.incident_id,
                 "lifecycle",
-                f"{node} handed to its lifecycle {lifecycle}",
+                f"{node} handed to its lifecycle {lifecycle}"
+                + (" for its checks (a suspect: not drained)" if suspect else ""),
                 dedupe=f"lifecycle:{node}",
                 nodes=[node],
                 data={"lifecycle": lifecycle},

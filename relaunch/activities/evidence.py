@@ -71,14 +71,6 @@ async def _file_evidence(job: Job, start: int, config: ClusterConfig) -> FileEvi
     return files.model_copy(update={"node_logs": {n: t for n, t in kept.items() if t}})
 
 
-def _bundle_user(path: Path) -> str:
-    """The job's user as its bundle's job.json records it ("" when unknown)."""
-    try:
-        return BundleJob.model_validate_json((path / "job.json").read_bytes()).user
-    except (OSError, ValueError):
-        return ""
-
-
 def _last_progress(events: list[StoredEvent]) -> datetime | None:
     """When training last advanced, as the watcher's hang detections state it."""
     stamps = [
@@ -295,6 +287,7 @@ class EvidenceActivities:
                 stdout_path=job.stdout_path,
                 last_checkpoint_step=checkpoint,
                 max_restarts=job.max_restarts,
+                user=job.user,
             ),
             node_states=bundle_job.node_states,
             unreachable_nodes=unreachable,
@@ -365,7 +358,7 @@ class EvidenceActivities:
     async def plan(self, inp: PlanInput) -> ActionPlan:
         job = inp.evidence.job
         now = datetime.now(UTC)
-        user = await asyncio.to_thread(_bundle_user, Path(inp.evidence.bundle_path))
+        user = job.user
         # This job and the jobs it was resubmitted from, as the audit trail records them.
         lineage = await self.deps.audit.lineage(inp.cluster, job.job_id)
         # The guard's read is made under the cluster's drain lock, as `isolate`'s re-check is:

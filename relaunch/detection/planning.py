@@ -1,8 +1,8 @@
 """From a verdict to an action plan, under policy: the design's category → action map, the
-trust model (only a corroborated culprit is drained; one named by the job's output alone is
-excluded from this job's restart and marked suspect; suspicion from jobs of enough different
-users corroborates), the restart budget, and the blast-radius guard. Pure: the caller supplies
-the history."""
+trust model (only a culprit a trusted source corroborates is drained; one named by the job's
+output alone is excluded from this job's restart and marked suspect; one the jobs of enough
+different users named is sent to its lifecycle's checks, never drained on that alone), the
+restart budget, and the blast-radius guard. Pure: the caller supplies the history."""
 
 from __future__ import annotations
 
@@ -40,9 +40,6 @@ DEFAULT_ACTIONS: dict[Category, Action] = {
     Category.USER_CANCEL: Action.NONE,
     Category.UNKNOWN: Action.RESTART,  # once; then hold
 }
-
-
-SUSPECTED_BY_USERS = "suspected_by_users"
 
 
 def default_action(
@@ -137,19 +134,19 @@ def make_plan(
     policy: Policy,
     history: PlanHistory,
 ) -> ActionPlan:
-    """The plan for one verdict. Only culprits a trusted source corroborates (or the jobs of
-    ``policy.suspect_users`` different users suspect) are drained; the others are excluded
-    from this job's restart and listed as suspects. A blast-radius refusal keeps the plan but
-    marks it as needing an operator's override; an exhausted budget holds."""
+    """The plan for one verdict. Only culprits a trusted source corroborates are drained; the
+    others are excluded from this job's restart and listed as suspects, and those the jobs of
+    ``policy.suspect_users`` different users named are sent to their lifecycle's checks. A
+    blast-radius refusal keeps the plan but marks it as needing an operator's override; an
+    exhausted budget holds."""
     job = evidence.job
     mode = policy.mode_for(job.partition, verdict.category)
     # An application error never blames a node, whatever the verdict's culprits say.
     culprits = [] if verdict.category is Category.APPLICATION else list(verdict.culprit_nodes)
-    corroboration = _corroboration(verdict, culprits, policy, history)
+    corroboration = {n: list(verdict.corroboration.get(n, [])) for n in culprits}
     action = default_action(verdict.category, culprits, corroboration)
     reasons = [f"{verdict.category.value} → {action.value} (the default for this verdict)"]
-    # Still running and advancing, no trusted fault (attribution), and no culprit the jobs of
-    # several users named: recorded, not acted on.
+    # Still running and advancing, and no trusted fault (attribution): recorded, not acted on.
     still = verdict.still_running and not any(corroboration[n] for n in culprits)
     if still:
         action = Action.NONE
@@ -159,14 +156,17 @@ def make_plan(
         )
     guards: list[GuardDecision] = []
     suspects = [n for n in culprits if not corroboration[n]]
-    by_users = [n for n in culprits if corroboration[n] == [SUSPECTED_BY_USERS]]
-    if by_users:
-        reasons.append(
-            f"{', '.join(by_users)} named by the jobs of {policy.suspect_users}+ different "
-            f"users in {policy.suspect_window_hours:g} h: corroborated"
-        )
     told = untrusted_health_nodes(verdict)
     excluding = action in {Action.ISOLATE_AND_RESTART, Action.EXCLUDE_AND_RESTART}
+    checks = [
+        n for n in suspects if len(set(history.suspected_by.get(n, []))) >= policy.suspect_users
+    ]
+    if checks and excluding:
+        reasons.append(
+            f"{', '.join(checks)} named by the jobs of {policy.suspect_users}+ different users "
+            f"in {policy.suspect_window_hours:g} h: sent to its lifecycle's checks, not drained "
+            "(job output points, never convicts)"
+        )
     if (by_job := [n for n in suspects if n not in told]) and excluding:
         reasons.append(
             f"{', '.join(by_job)} named only by the job's output (no trusted source confirms "
@@ -252,6 +252,7 @@ def make_plan(
         if excluding
         else [],
         suspect_nodes=sorted(suspects) if excluding else [],
+        check_nodes=sorted(checks) if excluding else [],
         needs_override=needs_override,
         guards=guards,
         reasons=reasons,
@@ -259,18 +260,6 @@ def make_plan(
         category=verdict.category,
         job_cancelled=cancelled and action is Action.ISOLATE_AND_RESTART,
     )
-
-
-def _corroboration(
-    verdict: Verdict, culprits: Sequence[str], policy: Policy, history: PlanHistory
-) -> dict[str, list[str]]:
-    """Each culprit's trusted sources, with suspicion from enough different users' jobs
-    counted as one (a single user can make their own jobs print anything)."""
-    out = {n: list(verdict.corroboration.get(n, [])) for n in culprits}
-    for node, sources in out.items():
-        if not sources and len(set(history.suspected_by.get(node, []))) >= policy.suspect_users:
-            sources.append(SUSPECTED_BY_USERS)
-    return out
 
 
 def node_decision_nodes(verdict: Verdict, evidence: EvidenceSummary, policy: Policy) -> list[str]:

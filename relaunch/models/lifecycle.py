@@ -299,16 +299,24 @@ class LifecycleSettings(BaseModel):
 
 
 class LifecycleFault(BaseModel):
-    """What a drain tells the node's lifecycle (signal ``fault``, signal-with-start)."""
+    """What a drain, or a suspicion, tells the node's lifecycle (signal ``fault``,
+    signal-with-start)."""
 
     model_config = STRICT
 
-    incident_id: str = Field(description="the recovery or node decision that drained the node")
+    incident_id: str = Field(
+        description="the recovery or node decision that drained the node (or suspects it)"
+    )
     category: Category
     remedy: str | None = Field(default=None, description="the Xid catalogue's rung, if any")
     kind: str = Field(default="", description="the fault's signature, e.g. xid-79")
     summary: str = ""
     at: datetime
+    suspect: bool = Field(
+        default=False,
+        description="job output alone named the node, in the jobs of several users: it is "
+        "checked without a drain, and only its failing checks take it out of service",
+    )
 
 
 class LifecycleCarry(BaseModel):

@@ -266,7 +266,8 @@ class Policy(BaseModel):
         default=2,
         ge=2,
         le=1000,
-        description="distinct users whose jobs must suspect a node before suspicion convicts it",
+        description="distinct users whose jobs must name a node (job output alone) in the "
+        "suspicion window before it is sent to its lifecycle's checks (never drained on that)",
     )
     suspect_window_hours: float = Field(default=24.0, gt=0, le=8760)
     auto_actions: list[AutoAction] = Field(
@@ -315,6 +316,11 @@ class JobSnapshot(BaseModel):
     max_restarts: int | None = Field(
         default=None,
         description="the job's own budget, from `--comment relaunch=on,max_restarts=N`",
+    )
+    user: str = Field(
+        default="",
+        description="the job's user, as Slurm lists it: whose voice the plan counts among the "
+        "users that named a suspect (carried here, so no step reads it back from the bundle)",
     )
 
 
@@ -396,6 +402,11 @@ class ActionPlan(BaseModel):
     suspect_nodes: list[str] = Field(
         default_factory=list,
         description="nodes named by job-controlled evidence only: excluded, marked, not drained",
+    )
+    check_nodes: list[str] = Field(
+        default_factory=list,
+        description="suspects the jobs of policy.suspect_users different users named in the "
+        "suspicion window: sent to their lifecycle's checks, never drained on that alone",
     )
     needs_override: bool = Field(
         default=False,

@@ -71,6 +71,7 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         evidence.record_event,
         evidence.plan,
         actions.isolate,
+        actions.check_suspects,
         actions.restart,
         actions.hold,
         actions.verify_check,

@@ -30,9 +30,7 @@ with workflow.unsafe.imports_passed_through():
         CHANGES_NODE,
         CheckRun,
         ChecksInput,
-        EscalateInput,
         HoldInput,
-        LifecycleCarry,
         LifecycleFault,
         LifecycleInput,
         LifecycleStatus,
@@ -67,18 +65,11 @@ with workflow.unsafe.imports_passed_through():
         call,
         record_node_row,
     )
-
-# While the node waits for its repair, the lifecycle wakes this often to start afresh
-# (continue-as-new) where Temporal suggests it: it may wait for weeks.
-REPAIR_WAKE = timedelta(days=1)
-
-
-class _Escalate(Exception):
-    """Go to repair, for this reason."""
+    from relaunch.workflows.lifecycle_repair import Escalate, Repair
 
 
 @workflow.defn
-class NodeLifecycleWorkflow:
+class NodeLifecycleWorkflow(Repair):
     def __init__(self) -> None:
         self._id = ""
         self._input: LifecycleInput | None = None
@@ -228,7 +219,7 @@ class NodeLifecycleWorkflow:
 
     async def _ask(self, step: str, summary: str) -> Approval:
         """In monitor mode, wait for a person's decision on ``step``; the approval, or
-        _Escalate on a rejection or when nobody decided in time."""
+        Escalate on a rejection or when nobody decided in time."""
         inp = self._input
         assert inp is not None
         self._decisions += 1
@@ -254,7 +245,7 @@ class NodeLifecycleWorkflow:
         except TimeoutError:
             self._pending = None
             workflow.upsert_search_attributes([SA_AWAITING.value_set(False)])
-            raise _Escalate(f"no decision on {step} within {timeout.total_seconds():g}s") from None
+            raise Escalate(f"no decision on {step} within {timeout.total_seconds():g}s") from None
         assert self._gate.taken is not None
         decision, by = self._gate.taken
         self._pending = None
@@ -273,7 +264,7 @@ class NodeLifecycleWorkflow:
             },
         )
         if decision is Decision.REJECT:
-            raise _Escalate(f"{step} rejected by {by.by}")
+            raise Escalate(f"{step} rejected by {by.by}")
         return by
 
     def _asks(self, action: AutoAction) -> bool:
@@ -286,7 +277,7 @@ class NodeLifecycleWorkflow:
 
     async def _checks(self, purpose: str, *, ask: bool = False) -> CheckRun:
         """Fence the node off in its reservation, run the checks, record them; with ``ask``,
-        in monitor mode, after a person approved them (a rejection raises _Escalate)."""
+        in monitor mode, after a person approved them (a rejection raises Escalate)."""
         inp = self._input
         assert inp is not None
         if ask and self._asks(AutoAction.CHECKS):
@@ -343,7 +334,10 @@ class NodeLifecycleWorkflow:
         await self._record_faults()
         first = self._faults[0]
         await self._stage_to(
-            NodeStage.SUSPECT, f"{inp.node}: lifecycle for {first.incident_id}'s drain"
+            NodeStage.SUSPECT,
+            f"{inp.node}: checks for {first.incident_id}'s suspicion (not drained)"
+            if first.suspect
+            else f"{inp.node}: lifecycle for {first.incident_id}'s drain",
         )
         start = await call(
             LifecycleActivities.start,
@@ -352,6 +346,10 @@ class NodeLifecycleWorkflow:
             f"look at {inp.node}",
         )
         self._ladder = start.ladder
+        if first.suspect:
+            await self._suspect(start.drained, start.state)
+            await self._record_faults()
+            return self.status()
         if not start.drained:
             self._outcome = f"{inp.node} is not out of service ({start.state}): nothing to do"
             await self._stage_to(NodeStage.CLOSED, self._outcome)
@@ -365,29 +363,36 @@ class NodeLifecycleWorkflow:
             await workflow.sleep(timedelta(seconds=inp.settings.settle_s), summary="settle")
         try:
             await self._diagnose_and_climb(start.escalate)
-        except _Escalate as why:
+        except Escalate as why:
             await self._repair(str(why))
         await self._record_faults()
         return self.status()
 
     async def _diagnose_and_climb(self, escalate: str) -> None:
         """Diagnose; return the node on passing checks, else climb the ladder. Raises
-        _Escalate when the node is for repair."""
+        Escalate when the node is for repair."""
         inp = self._input
         assert inp is not None
         await self._stage_to(NodeStage.DIAGNOSING, f"checking {inp.node}")
         try:
             run = await self._checks("diagnose", ask=True)
         except ActivityError as err:
-            raise _Escalate(f"the checks could not run: {err.cause or err}") from None
+            raise Escalate(f"the checks could not run: {err.cause or err}") from None
         if escalate:
             await self._hold()
-            raise _Escalate(escalate)
+            raise Escalate(escalate)
         if run.passed:
             await self._return("the checks passed: " + run.summary())
             return
         await self._not_conclusive(run)
         await self._hold()
+        await self._climb(run)
+
+    async def _climb(self, run: CheckRun) -> None:
+        """Climb the ladder after failing checks (``run``), validating after each rung; return
+        the node once it passes. Raises Escalate when the node is for repair."""
+        inp = self._input
+        assert inp is not None
         for rung in self._ladder:
             if rung is Rung.ESCALATE:
                 break
@@ -399,26 +404,70 @@ class NodeLifecycleWorkflow:
             try:
                 run = await self._checks(f"validate after {rung.value}")
             except ActivityError as err:
-                raise _Escalate(f"the checks could not run: {err.cause or err}") from None
+                raise Escalate(f"the checks could not run: {err.cause or err}") from None
             if run.passed:
                 await self._return(f"validated after {rung.value}: " + run.summary())
                 return
             await self._not_conclusive(run)
             await self._hold()
-        raise _Escalate(
+        raise Escalate(
             "the ladder is spent: "
             + (", ".join(r.value for r in self._tried) or "no rung applied")
             + f"; last checks {run.summary()}"
         )
 
+    async def _suspect(self, drained: bool, state: str) -> None:
+        """A node that job output alone named, in the jobs of several users: never drained on
+        that. Fenced and checked; checks that pass, or say nothing (a job never left it), give
+        it back as it was; failing checks are Relaunch's own evidence: the node is held and
+        climbs the ladder as after a drain."""
+        inp = self._input
+        assert inp is not None
+        if drained:  # out of service already, by someone's drain: theirs to decide
+            self._outcome = f"{inp.node} is out of service already ({state}): left as it is"
+            await self._stage_to(NodeStage.CLOSED, self._outcome)
+            return
+        await self._stage_to(NodeStage.DIAGNOSING, f"checking suspect {inp.node} (not drained)")
+        try:
+            run = await self._checks("diagnose", ask=True)
+        except Escalate as why:  # the checks were rejected, or nobody decided in time
+            await self._release(f"no checks: {why}")
+            return
+        except ActivityError as err:
+            await self._release(f"the checks could not run: {err.cause or err}")
+            return
+        if run.passed or run.inconclusive:
+            verdict = "passed" if run.passed else f"were inconclusive ({run.inconclusive})"
+            await self._release(f"suspect cleared: the checks {verdict}: {run.summary()}")
+            return
+        await self._hold()
+        try:
+            await self._climb(run)
+        except Escalate as why:
+            await self._repair(str(why))
+
+    async def _release(self, why: str) -> None:
+        """End a suspect's reservation, leaving the node as it was (in service): no approval,
+        since nothing of the cluster changes back but the fence Relaunch put up."""
+        inp = self._input
+        assert inp is not None
+        try:
+            result = await call(
+                LifecycleActivities.return_node, self._step(), NODE_CHANGE, f"release {inp.node}"
+            )
+            self._outcome = f"{why}; {result.detail}"
+        except ActivityError as err:
+            self._outcome = f"{why}; releasing {inp.node} failed: {err.cause or err}"
+        await self._stage_to(NodeStage.CLOSED, self._outcome)
+
     async def _not_conclusive(self, run: CheckRun) -> None:
         """A run that says nothing about the node (a user's job never left it, or a check failed
         beside a user's process) is never a reason for a rung: the node is held and goes to a
-        person (repair) with the reason instead of up the ladder. Raises _Escalate for such a
+        person (repair) with the reason instead of up the ladder. Raises Escalate for such a
         run."""
         if run.inconclusive:
             await self._hold("checks inconclusive")
-            raise _Escalate(f"the checks were inconclusive: {run.inconclusive}")
+            raise Escalate(f"the checks were inconclusive: {run.inconclusive}")
 
     async def _apply(self, rung: Rung, run: CheckRun) -> bool:
         """Apply one rung (approved first in monitor mode); whether it was applied."""
@@ -442,7 +491,7 @@ class NodeLifecycleWorkflow:
                 f"{rung.value} {inp.node}",
             )
         except ActivityError as err:
-            raise _Escalate(f"{rung.value} failed: {err.cause or err}") from None
+            raise Escalate(f"{rung.value} failed: {err.cause or err}") from None
         await self._record(
             "rung",
             f"{rung.value}: {result.detail}",
@@ -464,7 +513,7 @@ class NodeLifecycleWorkflow:
                 f"drain {inp.node} again",
             )
         except ActivityError as err:
-            raise _Escalate(f"could not drain {inp.node} again: {err.cause or err}") from None
+            raise Escalate(f"could not drain {inp.node} again: {err.cause or err}") from None
 
     async def _return(self, why: str) -> None:
         """Return the node to service (approved first in monitor mode)."""
@@ -478,115 +527,8 @@ class NodeLifecycleWorkflow:
                 LifecycleActivities.return_node, self._step(), NODE_CHANGE, f"return {inp.node}"
             )
         except ActivityError as err:
-            raise _Escalate(f"returning {inp.node} failed: {err.cause or err}") from None
+            raise Escalate(f"returning {inp.node} failed: {err.cause or err}") from None
         if not result.returned:
-            raise _Escalate(result.detail)
+            raise Escalate(result.detail)
         self._outcome = f"{result.detail}; {why}"
         await self._stage_to(NodeStage.RETURNED, self._outcome)
-
-    async def _repair(self, why: str, *, waiting: bool = False) -> None:
-        """Hand the node to repair and wait until someone says it is repaired; then validate it
-        and return it, or hand it back. ``waiting``: handed over already (continued as new)."""
-        inp = self._input
-        assert inp is not None
-        while True:
-            if not waiting:
-                await self._hand_over(why)
-            waiting = False
-            await self._until_repaired(why)
-            repair = self._repaired
-            assert repair is not None
-            await self._record(
-                "repaired",
-                f"{inp.node} repaired, says {repair.by}"
-                + (f" (ticket {repair.ticket})" if repair.ticket else "")
-                + (f": {repair.note}" if repair.note else ""),
-                actor=repair.by,
-                dedupe=f"repaired:{self._visits}",
-                data=repair.model_dump(mode="json"),
-            )
-            await self._stage_to(NodeStage.VALIDATING, f"validating {inp.node} after its repair")
-            try:
-                run = await self._checks("validate after repair")
-                if run.passed:
-                    await self._return("validated after repair: " + run.summary())
-                    return
-                await self._hold()
-                why = f"failed its checks after the repair: {run.summary()}"
-                if run.inconclusive:
-                    why = f"the checks after the repair were inconclusive: {run.inconclusive}"
-            except _Escalate as again:
-                why = str(again)
-            except ActivityError as err:
-                why = f"the checks could not run: {err.cause or err}"
-
-    async def _hand_over(self, why: str) -> None:
-        """The repair ticket, and the node drained with it as the reason."""
-        inp = self._input
-        assert inp is not None
-        if self._asks(AutoAction.REPAIR_TICKET):
-            try:
-                await self._ask("repair_ticket", f"post a repair ticket for {inp.node}: {why}")
-            except _Escalate as no:
-                self._outcome = f"{inp.node} waits for a person: {why}"
-                await self._stage_to(
-                    NodeStage.ESCALATED,
-                    f"{self._outcome}; no repair ticket ({no}): the node stays out until someone "
-                    "says it is repaired",
-                    ticket="",
-                    why=why,
-                )
-                return
-        try:
-            ticket = await call(
-                LifecycleActivities.escalate,
-                EscalateInput(
-                    **self._step().model_dump(),
-                    faults=self._faults,
-                    runs=self._runs[-3:],
-                    tried=self._tried,
-                    why=why,
-                ),
-                NODE_CHANGE,
-                f"repair ticket for {inp.node}",
-            )
-            self._ticket = ticket.ticket
-            detail = ticket.detail
-        except ActivityError as err:
-            detail = f"the ticket could not be posted ({err.cause or err}); the node stays out"
-        self._outcome = f"{inp.node} to repair: {why}"
-        await self._stage_to(
-            NodeStage.ESCALATED, f"{self._outcome}; {detail}", ticket=self._ticket, why=why
-        )
-
-    async def _until_repaired(self, why: str) -> None:
-        """Wait for the `returned` signal, waking daily to continue as new where the history
-        has grown long (a node may wait weeks for a part)."""
-        inp = self._input
-        assert inp is not None
-        self._repaired = None
-        while self._repaired is None:
-            try:
-                await workflow.wait_condition(
-                    lambda: self._repaired is not None,
-                    timeout=REPAIR_WAKE,
-                    timeout_summary="repair",
-                )
-            except TimeoutError:
-                if workflow.info().is_continue_as_new_suggested():
-                    workflow.continue_as_new(
-                        inp.model_copy(
-                            update={
-                                "carry": LifecycleCarry(
-                                    faults=self._faults,
-                                    ladder=self._ladder,
-                                    tried=self._tried,
-                                    runs=self._runs[-3:],
-                                    ticket=self._ticket,
-                                    visits=self._visits,
-                                    decisions=self._decisions,
-                                    why=why,
-                                )
-                            }
-                        )
-                    )

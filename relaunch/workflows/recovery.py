@@ -470,6 +470,8 @@ class RecoveryWorkflow:
                     "was cancelled: not restarted",
                 )
             await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
+            if plan.check_nodes:  # named by several users' jobs: checked, not drained
+                await self._act(ActionActivities.check_suspects, act)
             restarted = await self._act(ActionActivities.restart, act)
             await self._stage_to(Stage.VERIFYING, restarted.detail)
             return await self._verify(

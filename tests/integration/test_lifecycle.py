@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from relaunch.connectors.audit import AuditStore, StoredEvent
 from relaunch.devstack import faults
 from relaunch.devstack.stack import Stack
 from relaunch.models.lifecycle import (
+    LifecycleFault,
     LifecycleSettings,
     LifecycleStatus,
     NodeStage,
@@ -46,7 +48,10 @@ from relaunch.models.lifecycle import (
     reservation_name,
 )
 from relaunch.models.node_decision import node_decision_id
-from relaunch.models.recovery import AutoAction, Mode, Policy
+from relaunch.models.recovery import AutoAction, Category, Mode, Policy
+from relaunch.models.scheduler import JobState
+from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
+from relaunch.workflows.node_client import LifecycleSignals
 from tests.conftest import sbatch
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import REPO
@@ -401,3 +406,77 @@ async def test_a_reboot_slurm_refuses_is_said_and_the_ladder_goes_on(stack: Stac
         assert "earlier attempt" in again.detail
     finally:
         await audit.close()
+
+
+async def test_a_suspect_is_checked_while_its_job_finishes_and_is_never_drained(
+    stack: Stack, make_harness: MakeHarness, temporal_client: Client
+) -> None:
+    """A node only job output named, in the jobs of two users (the plan's check_nodes): its
+    lifecycle fences it in its maintenance reservation while a user's job on it goes on, runs
+    the real checks through srun once the job is done, and, as they pass, ends the reservation.
+    The node is never drained, and the job ends on its own."""
+    home = stack.home(CLUSTER)
+    layout = home.slurm
+    sched = stack.scheduler(CLUSTER)
+    env = {**os.environ, **layout.env}
+    node = layout.nodes[-1]
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS))
+    h.sched = sched
+    settings = stack.lifecycle_settings(home).model_copy(update={"settle_s": 0.0})
+    h.configure(**layout.config_fields, lifecycle=settings)
+    name = h.config.name
+    audit = await AuditStore.open(stack.database_url)
+    try:
+        faults.clear_gpu_fault(home.root / "nodes" / node)  # its checks pass
+        h.start("worker")
+        job = sbatch(
+            env, "-w", node, "-N1", "-J", "bystander", "-o", "/dev/null",
+            script="#!/bin/sh\nsleep 8\n",
+        )  # fmt: skip
+        h.jobs.append(job)
+
+        async def running() -> bool:
+            return (await sched.get_job(job)).state is JobState.RUNNING
+
+        await h.until(running, f"job {job} running")
+        fault = LifecycleFault(
+            incident_id=f"relaunch-{name}-9100-0",
+            category=Category.GPU_HARDWARE,
+            kind="suspect/gpu_hardware",
+            summary="named by the output of jobs of ana and bo",
+            at=datetime.now(UTC),
+            suspect=True,
+        )
+        lid = await LifecycleSignals(temporal_client).fault(h.config, node, fault)
+        handle = temporal_client.get_workflow_handle_for(NodeLifecycleWorkflow.run, lid)
+        drained_at: list[str] = []
+        deadline = time.monotonic() + 150
+        while True:
+            seen = await sched.get_node(node)
+            if seen.drain_flag:
+                drained_at.append(seen.display_state)
+            status = await handle.query(NodeLifecycleWorkflow.status)
+            if status.stage in {NodeStage.CLOSED, NodeStage.RETURNED, NodeStage.ESCALATED}:
+                break
+            assert time.monotonic() < deadline, f"{lid} still {status.stage}: {status.outcome}"
+            await asyncio.sleep(0.3)
+        assert status.stage is NodeStage.CLOSED, status.outcome
+        assert "suspect cleared: the checks passed" in status.outcome
+        assert drained_at == [], f"{node} was drained: {drained_at}"
+        rows = await audit.events(lid)
+        waited = [r for r in rows if r.kind == "checks_wait"]
+        assert waited and job in waited[0].summary  # no check beside the user's job
+        checks = [r for r in rows if r.kind == "checks"]
+        assert [c.data["passed"] for c in checks] == [True]
+        assert (await sched.get_job(job)).state is JobState.COMPLETED  # its job went on
+        shown = subprocess.run(
+            ["scontrol", "show", "reservation"], env=env, capture_output=True, text=True
+        ).stdout
+        assert reservation_name(node) not in shown  # fence gone: it takes jobs again
+        after = await sched.get_node(node)
+        assert after.responding and not after.drain_flag, after.display_state
+    finally:
+        await audit.close()
+        for proc in list(h.procs):
+            h.kill(proc)
+        await restore_lifecycles(home, sched, name, temporal_client)

@@ -1,7 +1,8 @@
 """The trust model through the real `gather_evidence`, `attribute` and `plan` activities (real
 Slurm, real PostgreSQL audit trail): the bundle records whose job it is and when it was
 submitted; a node that one user's job names by its output alone is excluded, not drained; when
-a job of a second user names it too, the plan drains it."""
+a job of a second user names it too, the plan sends it to its lifecycle's checks, and still does
+not drain it."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ NODES = ["n1", "n2"]
 PRINTED = "0: step=3 loss=0.9\nsrun: error: Node failure on n2\n"
 
 
-async def test_suspicion_of_two_users_drains_one_users_does_not(
+async def test_suspicion_of_two_users_sends_the_node_to_its_checks_and_drains_nothing(
     stack: Stack, scheduler: SlurmCli, tmp_path: Path
 ) -> None:
     config = stack.cluster_config()
@@ -61,7 +62,7 @@ async def test_suspicion_of_two_users_drains_one_users_does_not(
         evidence = EvidenceSummary(
             incident_id=incident,
             bundle_path=str(path),
-            job=JobSnapshot(job_id=job_id, nodes=NODES),
+            job=JobSnapshot(job_id=job_id, nodes=NODES, user=user),
         )
         return await activities.plan(
             PlanInput(
@@ -79,8 +80,9 @@ async def test_suspicion_of_two_users_drains_one_users_does_not(
         assert (first.exclude_nodes, first.suspect_nodes) == (["n2"], ["n2"])
         again = await recover("9002", "ana")  # the same user's second job: still one voice
         assert again.action is Action.EXCLUDE_AND_RESTART and again.drain_nodes == []
-        second = await recover("9003", "bo")
-        assert second.action is Action.ISOLATE_AND_RESTART and second.drain_nodes == ["n2"]
+        second = await recover("9003", "bo")  # a second user: checked, still not drained
+        assert second.action is Action.EXCLUDE_AND_RESTART and second.drain_nodes == []
+        assert second.check_nodes == ["n2"]
         assert any("different users" in r for r in second.reasons)
         rows = await audit.events(f"relaunch-{cluster}-9003-0")
         verdict_row = next(r for r in rows if r.kind == "verdict")
@@ -92,7 +94,7 @@ async def test_suspicion_of_two_users_drains_one_users_does_not(
         await audit.close()
 
 
-async def test_the_bundle_records_the_jobs_user_and_submit_time(
+async def test_the_evidence_and_the_bundle_record_the_jobs_user_and_submit_time(
     stack: Stack, scheduler: SlurmCli, slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     job_id = sbatch(
@@ -121,4 +123,7 @@ async def test_the_bundle_records_the_jobs_user_and_submit_time(
         await audit.close()
     recorded = BundleJob.model_validate_json((Path(summary.bundle_path) / "job.json").read_text())
     assert recorded.user == getpass.getuser() and recorded.submit_time is not None
+    # The plan reads whose job it is from the evidence itself, never back from the bundle: a
+    # worker that plans need not see the directory the gathering worker wrote.
+    assert summary.job.user == getpass.getuser()
     assert recorded.submit_time <= recorded.observed_at

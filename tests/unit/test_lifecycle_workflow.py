@@ -74,6 +74,8 @@ class Node:
 
     answers: list[bool] = field(default_factory=lambda: [False, True])
     escalate: str = ""
+    drained: bool = True  # out of service when the lifecycle starts
+    inconclusive: str = ""  # what the checks say when a job never left the node
     runs: int = 0
     rungs: list[Rung] = field(default_factory=list)
     holds: list[str] = field(default_factory=list)
@@ -90,7 +92,8 @@ class Node:
     @activity.defn(name="lifecycle_start")
     async def start(self, inp: StartInput) -> StartResult:
         return StartResult(
-            drained=True, state="DOWN+DRAIN", ladder=[Rung.REBOOT, Rung.ESCALATE],
+            drained=self.drained, state="DOWN+DRAIN" if self.drained else "MIXED",
+            ladder=[Rung.REBOOT, Rung.ESCALATE],
             escalate=self.escalate,
         )  # fmt: skip
 
@@ -108,6 +111,11 @@ class Node:
         ok = self.answers[min(self.runs, len(self.answers) - 1)]
         self.runs += 1
         result = CheckResult(id="dev-gpu", passed=ok, detail="exit 0" if ok else "exit 1")
+        if self.inconclusive:
+            return CheckRun(
+                purpose=inp.purpose, started_at=NOW, finished_at=NOW,
+                inconclusive=self.inconclusive,
+            )  # fmt: skip
         return CheckRun(purpose=inp.purpose, results=[result], started_at=NOW, finished_at=NOW)
 
     @activity.defn(name="lifecycle_rung")
@@ -168,6 +176,7 @@ async def run(
     mode: Mode,
     carry: LifecycleCarry | None = None,
     auto_actions: list[AutoAction] | None = None,
+    fault: LifecycleFault | None = None,
 ) -> WorkflowHandle[NodeLifecycleWorkflow, LifecycleStatus]:
     inp = LifecycleInput(
         cluster="c",
@@ -184,14 +193,19 @@ async def run(
         inp,
         id=f"relaunch-c-lifecycle-n1-{uuid.uuid4().hex[:6]}",
         task_queue=QUEUE,
-        start_signal="fault",
-        start_signal_args=[FAULT],
+        start_signal=NodeLifecycleWorkflow.fault.__name__,
+        start_signal_args=[fault or FAULT],
     )
 
 
 FAULT = LifecycleFault(
     incident_id="relaunch-c-node-n1-1", category=Category.GPU_HARDWARE, remedy="reboot",
     kind="gpu_hardware/reboot", at=NOW,
+)  # fmt: skip
+# The jobs of two users printed a GPU error naming n1: job output alone, never a drain.
+SUSPECT = LifecycleFault(
+    incident_id="relaunch-c-7-0", category=Category.GPU_HARDWARE, kind="suspect/gpu_hardware",
+    at=NOW, suspect=True,
 )  # fmt: skip
 
 
@@ -317,3 +331,66 @@ async def test_straight_to_repair_and_continued_as_new_while_waiting(env: Client
         await again.signal(NodeLifecycleWorkflow.returned, RepairReturn(by="tech"))
         done = await again.result()
     assert done.stage is NodeStage.RETURNED and node.returned == 1
+
+
+async def test_a_suspect_whose_checks_pass_is_never_drained_and_stays_in_service(
+    env: Client,
+) -> None:
+    node = Node(drained=False, answers=[True])
+    handle = await run(env, Mode.AUTONOMOUS, fault=SUSPECT)
+    async with worker(env, node):
+        done = await handle.result()
+    await replays(env, handle.id, "lifecycle_suspect_cleared")
+    assert done.stage is NodeStage.CLOSED and "suspect cleared: the checks passed" in done.outcome
+    # Fenced for its checks, then released: never drained, no rung, no ticket.
+    assert node.runs == 1 and node.returned == 1
+    assert node.holds == [] and node.rungs == [] and node.tickets == []
+    stages = [r.stage for r in node.kinds("node_stage")]
+    assert stages == ["suspect", "diagnosing", "closed"]
+
+
+async def test_a_suspect_whose_own_checks_fail_is_held_and_climbs_the_ladder(
+    env: Client,
+) -> None:
+    """Failing checks are Relaunch's own evidence: only they take a suspect out of service."""
+    node = Node(drained=False, answers=[False, True])
+    handle = await run(env, Mode.AUTONOMOUS, fault=SUSPECT)
+    async with worker(env, node):
+        done = await handle.result()
+    assert done.stage is NodeStage.RETURNED and done.tried == [Rung.REBOOT]
+    assert node.holds == ["checks failed"] and node.rungs == [Rung.REBOOT]
+
+
+async def test_a_suspect_whose_checks_say_nothing_is_left_in_service(env: Client) -> None:
+    node = Node(drained=False, inconclusive="job 12 still on n1 after 600s")
+    handle = await run(env, Mode.AUTONOMOUS, fault=SUSPECT)
+    async with worker(env, node):
+        done = await handle.result()
+    assert done.stage is NodeStage.CLOSED and "inconclusive" in done.outcome
+    assert node.holds == [] and node.rungs == [] and node.tickets == [] and node.returned == 1
+
+
+async def test_a_suspect_drained_by_someone_else_is_left_to_them(env: Client) -> None:
+    node = Node(drained=True)
+    handle = await run(env, Mode.AUTONOMOUS, fault=SUSPECT)
+    async with worker(env, node):
+        done = await handle.result()
+    assert done.stage is NodeStage.CLOSED and "left as it is" in done.outcome
+    assert node.runs == 0 and node.returned == 0 and node.holds == []
+
+
+async def test_a_suspects_checks_rejected_in_monitor_mode_release_it_untouched(
+    env: Client,
+) -> None:
+    node = Node(drained=False, answers=[False])
+    handle = await run(env, Mode.MONITOR, fault=SUSPECT)
+    async with worker(env, node):
+        asked = await until(handle, lambda s: s.pending is not None)
+        assert asked.pending is not None and asked.pending.step == "checks"
+        await handle.execute_update(
+            NodeLifecycleWorkflow.decide,
+            DecisionInput(decision=Decision.REJECT, approval=Approval(by="ana")),
+        )
+        done = await handle.result()
+    assert done.stage is NodeStage.CLOSED and "no checks" in done.outcome
+    assert node.runs == 0 and node.holds == [] and node.rungs == []

@@ -911,11 +911,14 @@ async def test_a_plan_retried_after_its_worker_died_still_hands_the_node_to_its_
     A node someone else drained is still not this decision's to isolate."""
     handed: list[list[str]] = []
 
-    async def start_lifecycles(self: ActionActivities, inp: ActInput) -> None:
+    async def start_lifecycles(
+        self: ActionActivities, inp: ActInput, nodes: list[str], *, suspect: bool = False
+    ) -> None:
+        assert not suspect
         if not handed:
             handed.append([])
             raise RuntimeError("the worker died here")
-        handed.append([*inp.plan.drain_nodes, *inp.plan.fence_nodes])
+        handed.append(nodes)
 
     monkeypatch.setattr(ActionActivities, "_start_lifecycles", start_lifecycles)
     sched = FakeScheduler(

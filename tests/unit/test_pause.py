@@ -63,6 +63,7 @@ INCIDENT = "relaunch-dev-42-0"
 # Every activity the worker registers is one or the other: a new activity must say which.
 CHANGES_THE_CLUSTER = {
     "isolate",
+    "check_suspects",
     "restart",
     "hold",
     "requeue_batch",

@@ -104,14 +104,17 @@ def test_a_culprit_without_corroboration_is_never_drained_whatever_its_action_sa
     assert any("n2 named only by the job's output" in r for r in p.reasons)
 
 
-def test_suspicion_from_jobs_of_different_users_corroborates() -> None:
+def test_suspicion_from_jobs_of_different_users_sends_the_node_to_its_checks() -> None:
+    """Job output points, never convicts, however many users' jobs print it: the node is
+    checked (its lifecycle), not drained."""
     two_users = plan(Category.NETWORK, ["n2"], trusted=False, suspected_by={"n2": ["ana", "bo"]})
-    assert two_users.action is Action.ISOLATE_AND_RESTART and two_users.drain_nodes == ["n2"]
-    assert two_users.suspect_nodes == []
-    assert any("different users" in r for r in two_users.reasons)
+    assert two_users.action is Action.EXCLUDE_AND_RESTART and two_users.drain_nodes == []
+    assert two_users.suspect_nodes == ["n2"] and two_users.check_nodes == ["n2"]
+    assert two_users.exclude_nodes == ["n2"]
+    assert any("different users" in r and "checks, not drained" in r for r in two_users.reasons)
     # One user's many jobs are one voice; a stricter policy needs a third user.
     one_user = plan(Category.NETWORK, ["n2"], trusted=False, suspected_by={"n2": ["ana", "ana"]})
-    assert one_user.action is Action.EXCLUDE_AND_RESTART and one_user.drain_nodes == []
+    assert one_user.action is Action.EXCLUDE_AND_RESTART and one_user.check_nodes == []
     strict = plan(
         Category.NETWORK,
         ["n2"],
@@ -119,9 +122,12 @@ def test_suspicion_from_jobs_of_different_users_corroborates() -> None:
         trusted=False,
         suspected_by={"n2": ["ana", "bo"]},
     )
-    assert strict.action is Action.EXCLUDE_AND_RESTART and strict.suspect_nodes == ["n2"]
+    assert strict.suspect_nodes == ["n2"] and strict.check_nodes == []
     other_node = plan(Category.NETWORK, ["n2"], trusted=False, suspected_by={"n1": ["ana", "bo"]})
-    assert other_node.action is Action.EXCLUDE_AND_RESTART
+    assert other_node.action is Action.EXCLUDE_AND_RESTART and other_node.check_nodes == []
+    # A node a trusted source convicts is drained, not merely checked.
+    convicted = plan(Category.NETWORK, ["n2"], suspected_by={"n2": ["ana", "bo"]})
+    assert convicted.drain_nodes == ["n2"] and convicted.check_nodes == []
 
 
 def test_isolate_plan_drains_fences_unreachable_and_excludes() -> None:

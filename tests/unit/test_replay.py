@@ -57,6 +57,7 @@ EXPECTED = {
     "lifecycle_monitor_approved",
     "lifecycle_rejected_repaired",
     "lifecycle_inconclusive",
+    "lifecycle_suspect_cleared",
 }
 
 

@@ -86,6 +86,8 @@ class Fakes:
     gathered: list[GatherInput] = field(default_factory=list)
     actions: dict[str, Action] = field(default_factory=dict)
     gates: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    check_nodes: dict[str, list[str]] = field(default_factory=dict)  # job id → its plan's
+    steps: list[tuple[str, str]] = field(default_factory=list)  # (step, job id) as they ran
 
     async def _gate(self, step: str, job_id: str) -> None:
         gate = self.gates.get((step, job_id))
@@ -125,15 +127,22 @@ class Fakes:
             job_id=job_id,
             expected_restart_count=0,
             reasons=["fake plan"],
+            check_nodes=self.check_nodes.get(job_id, []),
         )
 
     @activity.defn(name="isolate")
     async def isolate(self, inp: ActInput) -> StepOutcome:
         return StepOutcome(ok=True, changed=True, detail="isolated")
 
+    @activity.defn(name="check_suspects")
+    async def check_suspects(self, inp: ActInput) -> StepOutcome:
+        self.steps.append(("check_suspects:" + ",".join(inp.plan.check_nodes), inp.plan.job_id))
+        return StepOutcome(ok=True, detail="sent to their checks")
+
     @activity.defn(name="restart")
     async def restart(self, inp: ActInput) -> StepOutcome:
         await self._gate("restart", inp.plan.job_id)
+        self.steps.append(("restart", inp.plan.job_id))
         return StepOutcome(ok=True, changed=True, detail="requeued")
 
     @activity.defn(name="hold")
@@ -182,6 +191,7 @@ async def rig() -> AsyncIterator[Rig]:
         fakes.record_event,
         fakes.plan,
         fakes.isolate,
+        fakes.check_suspects,
         fakes.restart,
         fakes.hold,
         fakes.verify_check,
@@ -270,6 +280,22 @@ async def test_decide_refused_while_gathering_and_the_client_sends_nothing(rig: 
     assert (await handle.result()).stage is Stage.REJECTED
     assert await _signals(handle) == []
     assert rig.fakes.rows(handle.id, "late_decision") == []
+
+
+async def test_an_approved_plan_sends_its_check_nodes_to_their_checks_before_the_restart(
+    rig: Rig,
+) -> None:
+    """Suspects the jobs of several users named (the plan's check_nodes) go to their
+    lifecycle's checks once the plan is approved, never on the plan alone."""
+    job = _job()
+    rig.fakes.check_nodes[job] = ["n2"]
+    handle = await _start(rig, job)
+    await _until(handle, _at(Stage.AWAITING_APPROVAL), "awaiting approval")
+    assert not [s for s in rig.fakes.steps if s[1] == job]  # nothing before the approval
+    await recovery_client.decide(rig.client, handle.id, "approve", Approval(by="ana"))
+    assert (await handle.result()).stage is Stage.DONE
+    assert [s for s, j in rig.fakes.steps if j == job] == ["check_suspects:n2", "restart"]
+    await _replays(handle)
 
 
 async def test_decide_refused_once_decided_and_after_the_end(rig: Rig) -> None:
