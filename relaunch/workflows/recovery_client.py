@@ -41,7 +41,7 @@ from relaunch.models.lifecycle import (
     RepairReturn,
     parse_lifecycle_id,
 )
-from relaunch.models.node_decision import NodeDecisionStatus, parse_node_decision_id
+from relaunch.models.node_decision import parse_node_decision_id
 from relaunch.models.recovery import (
     TRUSTED_DETECTION_SOURCES,
     Approval,
@@ -304,7 +304,7 @@ async def decide(
             # The decision went to the job's node decision: say how many jobs it covers now.
             with contextlib.suppress(RPCError, WorkflowQueryFailedError):
                 node = await client.get_workflow_handle(decided.node_decision).query(
-                    "status", result_type=NodeDecisionStatus
+                    NodeDecisionWorkflow.status
                 )
                 decided = decided.model_copy(update={"covers": len(node.covers)})
         return decided

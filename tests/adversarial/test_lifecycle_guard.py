@@ -35,6 +35,7 @@ from relaunch.devstack.stack import Stack
 from relaunch.models.lifecycle import LifecycleStatus, NodeStage
 from relaunch.models.recovery import Mode, Policy
 from relaunch.models.scheduler import JobState
+from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
 from tests.adversarial.hostile import QUIET_JOB, Tier
 from tests.integration.helpers import restore_lifecycles, wait_job
 
@@ -106,9 +107,7 @@ async def rows(t: Tier, lid: str, kind: str) -> list[StoredEvent]:
 
 async def status(t: Tier, lid: str) -> LifecycleStatus | None:
     try:
-        return await t.h.client.get_workflow_handle(lid).query(
-            "status", result_type=LifecycleStatus
-        )
+        return await t.h.client.get_workflow_handle(lid).query(NodeLifecycleWorkflow.status)
     except Exception:  # not started yet
         return None
 

@@ -37,6 +37,7 @@ from relaunch.models.config import ConsoleSettings
 from relaunch.models.errors import RelaunchError
 from relaunch.models.lifecycle import LifecycleSettings, LifecycleStatus, NodeStage, lifecycle_id
 from relaunch.models.recovery import AutoAction, Mode, Policy
+from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
 from tests.conftest import sbatch
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import Harness
@@ -121,9 +122,7 @@ async def _story(
 
     async def status() -> LifecycleStatus | None:
         try:
-            return await client.get_workflow_handle(lid).query(
-                "status", result_type=LifecycleStatus
-            )
+            return await client.get_workflow_handle(lid).query(NodeLifecycleWorkflow.status)
         except Exception:
             return None
 

@@ -166,9 +166,7 @@ async def _scenarios(
 
     async def status(lid: str) -> LifecycleStatus | None:
         try:
-            return await client.get_workflow_handle(lid).query(
-                "status", result_type=LifecycleStatus
-            )
+            return await client.get_workflow_handle(lid).query(NodeLifecycleWorkflow.status)
         except Exception:
             return None
 

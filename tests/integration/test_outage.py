@@ -394,7 +394,7 @@ async def test_a_job_gone_from_slurm_ends_the_recovery_at_no_action(
             RecoveryInput(cluster="gone", job_id="9", attempt=0),
             id=f"relaunch-gone-9-0-{queue}",
             task_queue=queue,
-            start_signal="detection",
+            start_signal=RecoveryWorkflow.detection.__name__,
             start_signal_args=[det],
         )
         status = await handle.result()

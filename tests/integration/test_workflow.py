@@ -161,7 +161,7 @@ async def start(
         RecoveryInput(cluster="unit", job_id="7", attempt=0, policy=policy),
         id=f"relaunch-unit-7-0-{queue}",
         task_queue=queue,
-        start_signal="detection",
+        start_signal=RecoveryWorkflow.detection.__name__,
         start_signal_args=[det],
     )
 

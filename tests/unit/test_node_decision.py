@@ -40,7 +40,6 @@ from relaunch.models.node_decision import (
     JobOutcome,
     JoinRequest,
     NodeDecisionInput,
-    NodeDecisionStatus,
     NodePlanInput,
     NodeReport,
     ReportedJob,
@@ -362,7 +361,7 @@ async def test_a_rack_of_jobs_one_drain_per_node_and_requeues_in_batches(rig: Ri
     batches = rig.audit.of(d1, "requeue_batch")
     assert sum(len(cast(list[str], b.data["jobs"])) for b in batches) == 24
     # The decision stays open for late joiners, and says what it covers.
-    node = await rig.client.get_workflow_handle(d1).query("status", result_type=NodeDecisionStatus)
+    node = await rig.client.get_workflow_handle(d1).query(NodeDecisionWorkflow.status)
     assert node.stage is Stage.ACTING and len(node.covers) == 24 and node.requeued == 24
     await replays(rig.client, handles[0].id, "node_decision_joined_autonomous")
     await replays(rig.client, d1, "node_decision_requeued")
@@ -409,9 +408,7 @@ async def test_a_refused_guard_holds_every_job_and_drains_nothing(rig: Rig) -> N
     # each left for a human with the reason in its trail.
     assert all("held for a human" in s.outcome for s in held)
     decision = node_decision_id(rig.cluster, "n6", 1)
-    node = await rig.client.get_workflow_handle(decision).query(
-        "status", result_type=NodeDecisionStatus
-    )
+    node = await rig.client.get_workflow_handle(decision).query(NodeDecisionWorkflow.status)
     assert node.stage is Stage.HELD  # and open for late joiners, who are held too
     await rig.client.get_workflow_handle(decision).terminate("test over")
     await replays(rig.client, decision, "node_decision_guard_held")
@@ -544,9 +541,7 @@ async def test_a_fenced_nodes_reported_jobs_are_requeued_before_their_recoveries
     for restart in restarts:
         assert "requeued ahead of the join" in restart.summary
         assert restart.at <= requeued_at
-    status = await rig.client.get_workflow_handle(decision).query(
-        "status", result_type=NodeDecisionStatus
-    )
+    status = await rig.client.get_workflow_handle(decision).query(NodeDecisionWorkflow.status)
     assert status.requeued == 5 and sorted(status.covers) == sorted(h.id for h in handles)
     await replays(rig.client, decision, "node_decision_requeued_ahead")
 
@@ -579,7 +574,7 @@ async def test_a_report_that_comes_with_the_first_join_still_requeues_its_jobs_a
         NodeDecisionInput(cluster=rig.cluster, node="n17", n=1, policy=policy),
         id=decision,
         task_queue=queue,
-        start_signal="join",
+        start_signal=NodeDecisionWorkflow.join.__name__,
         start_signal_args=[first],
     )
     await handle.signal(NodeDecisionWorkflow.report, report)
@@ -776,7 +771,7 @@ async def test_a_drain_that_fails_in_plan_node_fails_the_decisions_jobs_not_the_
     )
     handle = rig.client.get_workflow_handle(decision)
     for _ in range(300):
-        status = await handle.query("status", result_type=NodeDecisionStatus)
+        status = await handle.query(NodeDecisionWorkflow.status)
         if status.stage is Stage.FAILED:
             break
         await asyncio.sleep(0.1)

@@ -422,7 +422,7 @@ async def test_the_evidence_reads_the_nodes_trusted_detections_named(rig: Rig) -
         RecoveryInput(cluster=CLUSTER, job_id=job, attempt=0, policy=Policy()),
         id=recovery_workflow_id(CLUSTER, job, 0),
         task_queue=QUEUE,
-        start_signal="detections",
+        start_signal=RecoveryWorkflow.detections.__name__,
         start_signal_args=[
             [
                 det(DetectionSource.JOB_LOG, "signature:srun_task_killed", "n7"),
