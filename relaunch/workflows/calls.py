@@ -1,13 +1,13 @@
 """How a workflow calls its activities: the timeout and retry policy of each family of steps,
 waiting out an outage of PostgreSQL or Slurm and a paused cluster on durable timers, and the
-audit row a node's workflow writes."""
+audit rows a node's workflow writes."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -204,40 +204,52 @@ async def _call_once(
     )
 
 
-async def record_node_row(
-    incident_id: str,
-    cluster: str,
-    n: int,
-    node: str,
-    kind: str,
-    summary: str,
-    *,
-    stage: str | None = None,
-    actor: str = "relaunch",
-    dedupe: str | None = None,
-    data: dict[str, object] | None = None,
-) -> None:
-    """One audit row of a node's workflow (a decision, a lifecycle): its incident has no job,
-    its attempt is the workflow's number, and it names the node."""
-    await call(
-        EvidenceActivities.record_event,
-        RecordEventInput(
-            incident_id=incident_id,
-            cluster=cluster,
-            job_id="",
-            attempt=n,
-            kind=kind,
-            summary=summary,
-            stage=stage,
-            actor=actor,
-            nodes=[node],
-            data=data or {},
-            dedupe=dedupe,
-        ),
-        RECORD,
-        f"audit: {kind}",
-        local=True,
-    )
+class NodeRun(Protocol):
+    """What a node's workflow was started with (a decision's input, a lifecycle's)."""
+
+    cluster: str
+    node: str
+    n: int
+
+
+class NodeRows:
+    """How a node's workflow (a decision, a lifecycle) writes its audit rows: its incident (its
+    own id) has no job, its attempt is the workflow's number, and each row names the node."""
+
+    _id: str
+    _input: NodeRun | None
+
+    async def _record(
+        self,
+        kind: str,
+        summary: str,
+        *,
+        stage: str | None = None,
+        actor: str = "relaunch",
+        dedupe: str | None = None,
+        data: dict[str, object] | None = None,
+    ) -> None:
+        inp = self._input
+        assert inp is not None
+        await call(
+            EvidenceActivities.record_event,
+            RecordEventInput(
+                incident_id=self._id,
+                cluster=inp.cluster,
+                job_id="",
+                attempt=inp.n,
+                kind=kind,
+                summary=summary[:2000],  # a row, not a log: what it quotes is cut
+                stage=stage,
+                actor=actor,
+                nodes=[inp.node],
+                data=data or {},
+                dedupe=dedupe,
+            ),
+            RECORD,
+            f"audit: {kind}",
+            local=True,
+        )
 
 
 def job_not_found(err: ActivityError | ApplicationError) -> bool:

@@ -63,7 +63,6 @@ with workflow.unsafe.imports_passed_through():
         NODE_LONG,
         NODE_LOOK,
         call,
-        record_node_row,
     )
     from relaunch.workflows.lifecycle_repair import Escalate, Repair
 
@@ -151,31 +150,6 @@ class NodeLifecycleWorkflow(Repair):
         assert inp is not None
         return NodeStepInput(
             lifecycle_id=self._id, cluster=inp.cluster, node=inp.node, settings=inp.settings
-        )
-
-    async def _record(
-        self,
-        kind: str,
-        summary: str,
-        *,
-        stage: str | None = None,
-        actor: str = "relaunch",
-        dedupe: str | None = None,
-        data: dict[str, object] | None = None,
-    ) -> None:
-        inp = self._input
-        assert inp is not None
-        await record_node_row(
-            self._id,
-            inp.cluster,
-            inp.n,
-            inp.node,
-            kind,
-            summary[:2000],
-            stage=stage,
-            actor=actor,
-            dedupe=dedupe,
-            data=data,
         )
 
     async def _stage_to(self, stage: NodeStage, summary: str, **data: object) -> None:

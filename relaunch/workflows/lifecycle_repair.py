@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
         Rung,
     )
     from relaunch.models.recovery import Approval, AutoAction
-    from relaunch.workflows.calls import NODE_CHANGE, call
+    from relaunch.workflows.calls import NODE_CHANGE, NodeRows, call
 
 # While the node waits for its repair, the lifecycle wakes this often to start afresh
 # (continue-as-new) where Temporal suggests it: it may wait for weeks.
@@ -35,7 +35,7 @@ class Escalate(Exception):
     """Go to repair, for this reason."""
 
 
-class Repair:
+class Repair(NodeRows):
     """The lifecycle's repair; its state and the steps it shares are the lifecycle's."""
 
     _input: LifecycleInput | None
@@ -58,16 +58,6 @@ class Repair:
         async def _hold(self, why: str = "checks failed") -> None: ...
         async def _return(self, why: str) -> None: ...
         async def _stage_to(self, stage: NodeStage, summary: str, **data: object) -> None: ...
-        async def _record(
-            self,
-            kind: str,
-            summary: str,
-            *,
-            stage: str | None = None,
-            actor: str = "relaunch",
-            dedupe: str | None = None,
-            data: dict[str, object] | None = None,
-        ) -> None: ...
 
     async def _repair(self, why: str, *, waiting: bool = False) -> None:
         """Hand the node to repair and wait until someone says it is repaired; then validate it

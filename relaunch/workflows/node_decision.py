@@ -59,8 +59,8 @@ with workflow.unsafe.imports_passed_through():
     from relaunch.workflows.calls import (
         ACT,
         REQUEUE,
+        NodeRows,
         call,
-        record_node_row,
     )
     from relaunch.workflows.node_look import LookAgain
 
@@ -84,7 +84,7 @@ SIGNAL_GROUP = 100
 
 
 @workflow.defn
-class NodeDecisionWorkflow(LookAgain):
+class NodeDecisionWorkflow(LookAgain, NodeRows):
     def __init__(self) -> None:
         self._id = ""
         self._input: NodeDecisionInput | None = None
@@ -184,31 +184,6 @@ class NodeDecisionWorkflow(LookAgain):
         self._gate.offer(decision, approval, self._not_awaiting())
 
     # ------------------------------------------------------------------ helpers
-
-    async def _record(
-        self,
-        kind: str,
-        summary: str,
-        *,
-        stage: str | None = None,
-        actor: str = "relaunch",
-        dedupe: str | None = None,
-        data: dict[str, object] | None = None,
-    ) -> None:
-        inp = self._input
-        assert inp is not None
-        await record_node_row(
-            self._id,
-            inp.cluster,
-            inp.n,
-            inp.node,
-            kind,
-            summary,
-            stage=stage,
-            actor=actor,
-            dedupe=dedupe,
-            data=data,
-        )
 
     async def _stage_to(self, stage: Stage, summary: str, **data: object) -> None:
         self._stage = stage
