@@ -642,6 +642,23 @@ class LifecycleActivities:
             else f"{inp.node} not back in service ({after.display_state})",
         )
 
+    @activity.defn(name="lifecycle_release")
+    @typed_errors
+    async def release(self, inp: NodeStepInput) -> ReturnResult:
+        """End a suspect's maintenance reservation and nothing else: a suspect was never
+        drained, so no drain is cleared here (one made meanwhile is a real fault's, and stands).
+        Verified with a fresh read."""
+        await self.deps.unless_paused(inp.lifecycle_id, "lifecycle_release")
+        await self._maintenance().unreserve_node(reservation_name(inp.node))
+        after = await self.deps.scheduler.get_node(inp.node)
+        ok = not after.drain_flag and after.responding
+        return ReturnResult(
+            returned=ok,
+            detail=f"its reservation ended; {inp.node} "
+            + ("in service" if ok else "not in service")
+            + f" ({after.display_state})",
+        )
+
     async def _close_decisions(self, inp: NodeStepInput) -> None:
         """Tell the node's open decision that the node is back: its next failure starts the
         next decision (and so a fresh drain and lifecycle) instead of joining this one."""

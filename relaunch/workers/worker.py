@@ -86,6 +86,7 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         life.apply_rung,
         life.escalate,
         life.return_node,
+        life.release,
     ]
 
 

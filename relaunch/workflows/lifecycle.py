@@ -19,6 +19,7 @@ repair. Orchestration only: every side effect is an activity. See docs/lifecycle
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -65,6 +66,10 @@ with workflow.unsafe.imports_passed_through():
         call,
     )
     from relaunch.workflows.lifecycle_repair import Escalate, Repair
+
+# A suspect found out of service waits this long for the drain's own fault (the drain's
+# `isolate` hands the node to its lifecycle right after it): then this is the drain's lifecycle.
+DRAIN_FAULT_WAIT = timedelta(seconds=60)
 
 
 @workflow.defn
@@ -394,10 +399,19 @@ class NodeLifecycleWorkflow(Repair):
         """A node that job output alone named, in the jobs of several users: never drained on
         that. Fenced and checked; checks that pass, or say nothing (a job never left it), give
         it back as it was; failing checks are Relaunch's own evidence: the node is held and
-        climbs the ladder as after a drain."""
+        climbs the ladder as after a drain. A drain that comes meanwhile (a real fault) makes
+        this the drain's lifecycle."""
         inp = self._input
         assert inp is not None
-        if drained:  # out of service already, by someone's drain: theirs to decide
+        if drained:  # out of service already: a drain's lifecycle, or someone else's to decide
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._drain_fault() is not None,
+                    timeout=DRAIN_FAULT_WAIT,
+                    timeout_summary="a drain's fault",
+                )
+            if await self._as_drained():
+                return
             self._outcome = f"{inp.node} is out of service already ({state}): left as it is"
             await self._stage_to(NodeStage.CLOSED, self._outcome)
             return
@@ -422,17 +436,55 @@ class NodeLifecycleWorkflow(Repair):
 
     async def _release(self, why: str) -> None:
         """End a suspect's reservation, leaving the node as it was (in service): no approval,
-        since nothing of the cluster changes back but the fence Relaunch put up."""
+        since nothing changes back but the fence Relaunch put up, and no drain is cleared. A
+        drain that came meanwhile makes this the drain's lifecycle instead."""
         inp = self._input
         assert inp is not None
+        if await self._as_drained():
+            return
         try:
             result = await call(
-                LifecycleActivities.return_node, self._step(), NODE_CHANGE, f"release {inp.node}"
+                LifecycleActivities.release, self._step(), NODE_CHANGE, f"release {inp.node}"
             )
             self._outcome = f"{why}; {result.detail}"
         except ActivityError as err:
             self._outcome = f"{why}; releasing {inp.node} failed: {err.cause or err}"
         await self._stage_to(NodeStage.CLOSED, self._outcome)
+        await self._as_drained()  # one that came while the reservation ended
+
+    def _drain_fault(self) -> LifecycleFault | None:
+        """The first fault of a drain (not a suspicion), if one has come."""
+        return next((f for f in self._faults if not f.suspect), None)
+
+    async def _as_drained(self) -> bool:
+        """Where a drain's fault has come to this suspect's lifecycle, go on as that drain's
+        lifecycle (its ladder, its repair rules), and say so (True)."""
+        inp, fault = self._input, self._drain_fault()
+        assert inp is not None
+        if fault is None:
+            return False
+        await self._record_faults()
+        start = await call(
+            LifecycleActivities.start,
+            StartInput(**self._step().model_dump(), fault=fault),
+            NODE_LOOK,
+            f"look at {inp.node}",
+        )
+        self._ladder = start.ladder
+        if not start.drained:
+            self._outcome = f"{inp.node} is not out of service ({start.state}): nothing to do"
+            await self._stage_to(NodeStage.CLOSED, self._outcome)
+            return True
+        await self._stage_to(
+            NodeStage.DRAINED,
+            f"{inp.node} drained by {fault.incident_id} while a suspect ({start.state})",
+            ladder=[r.value for r in start.ladder],
+        )
+        try:
+            await self._diagnose_and_climb(start.escalate)
+        except Escalate as why:
+            await self._repair(str(why))
+        return True
 
     async def _not_conclusive(self, run: CheckRun) -> None:
         """A run that says nothing about the node (a user's job never left it, or a check failed

@@ -11,7 +11,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,7 @@ from relaunch.models.recovery import (
     RecordEventInput,
 )
 from relaunch.workers.worker import WORKFLOW_RUNNER
+from relaunch.workflows import lifecycle as lifecycle_module
 from relaunch.workflows.attributes import SA_AWAITING, SA_CLUSTER, SA_MODE, SA_NODES
 from relaunch.workflows.lifecycle import NodeLifecycleWorkflow
 from tests.unit.test_workflow_approval import TEMPORAL
@@ -81,8 +82,10 @@ class Node:
     holds: list[str] = field(default_factory=list)
     tickets: list[EscalateInput] = field(default_factory=list)
     returned: int = 0
+    released: int = 0  # a suspect's reservation ended (no drain cleared)
     records: list[RecordEventInput] = field(default_factory=list)
     gate: asyncio.Event | None = None  # set: the return waits for it
+    checks_gate: asyncio.Event | None = None  # set: the checks wait for it
 
     @activity.defn(name="record_event")
     async def record_event(self, inp: RecordEventInput) -> bool:
@@ -92,7 +95,9 @@ class Node:
     @activity.defn(name="lifecycle_start")
     async def start(self, inp: StartInput) -> StartResult:
         return StartResult(
-            drained=self.drained, state="DOWN+DRAIN" if self.drained else "MIXED",
+            # A drain's own fault finds the node drained; a suspicion, as the test sets it.
+            drained=self.drained or not inp.fault.suspect,
+            state="DOWN+DRAIN" if self.drained or not inp.fault.suspect else "MIXED",
             ladder=[Rung.REBOOT, Rung.ESCALATE],
             escalate=self.escalate,
         )  # fmt: skip
@@ -108,6 +113,8 @@ class Node:
 
     @activity.defn(name="lifecycle_checks")
     async def checks(self, inp: ChecksInput) -> CheckRun:
+        if self.checks_gate is not None:
+            await self.checks_gate.wait()
         ok = self.answers[min(self.runs, len(self.answers) - 1)]
         self.runs += 1
         result = CheckResult(id="dev-gpu", passed=ok, detail="exit 0" if ok else "exit 1")
@@ -134,6 +141,13 @@ class Node:
             await self.gate.wait()
         self.returned += 1
         return ReturnResult(returned=True, detail=f"{inp.node} back in service (IDLE)")
+
+    @activity.defn(name="lifecycle_release")
+    async def release(self, inp: NodeStepInput) -> ReturnResult:
+        if self.gate is not None:
+            await self.gate.wait()
+        self.released += 1
+        return ReturnResult(returned=True, detail=f"its reservation ended; {inp.node} in service")
 
     def kinds(self, kind: str) -> list[RecordEventInput]:
         return [r for r in self.records if r.kind == kind]
@@ -166,7 +180,7 @@ def worker(client: Client, node: Node) -> Worker:
         workflow_runner=WORKFLOW_RUNNER,
         activities=[
             node.record_event, node.start, node.reserve, node.hold, node.checks, node.rung,
-            node.escalate_, node.return_node,
+            node.escalate_, node.return_node, node.release,
         ],
     )  # fmt: skip
 
@@ -342,8 +356,8 @@ async def test_a_suspect_whose_checks_pass_is_never_drained_and_stays_in_service
         done = await handle.result()
     await replays(env, handle.id, "lifecycle_suspect_cleared")
     assert done.stage is NodeStage.CLOSED and "suspect cleared: the checks passed" in done.outcome
-    # Fenced for its checks, then released: never drained, no rung, no ticket.
-    assert node.runs == 1 and node.returned == 1
+    # Fenced for its checks, then released: never drained (nor undrained), no rung, no ticket.
+    assert node.runs == 1 and node.released == 1 and node.returned == 0
     assert node.holds == [] and node.rungs == [] and node.tickets == []
     stages = [r.stage for r in node.kinds("node_stage")]
     assert stages == ["suspect", "diagnosing", "closed"]
@@ -367,16 +381,20 @@ async def test_a_suspect_whose_checks_say_nothing_is_left_in_service(env: Client
     async with worker(env, node):
         done = await handle.result()
     assert done.stage is NodeStage.CLOSED and "inconclusive" in done.outcome
-    assert node.holds == [] and node.rungs == [] and node.tickets == [] and node.returned == 1
+    assert node.holds == [] and node.rungs == [] and node.tickets == [] and node.released == 1
 
 
-async def test_a_suspect_drained_by_someone_else_is_left_to_them(env: Client) -> None:
+async def test_a_suspect_drained_by_someone_else_is_left_to_them(
+    env: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No drain's fault comes (DRAIN_FAULT_WAIT, 60 s in service): someone else's drain."""
+    monkeypatch.setattr(lifecycle_module, "DRAIN_FAULT_WAIT", timedelta(seconds=0.5))
     node = Node(drained=True)
     handle = await run(env, Mode.AUTONOMOUS, fault=SUSPECT)
     async with worker(env, node):
         done = await handle.result()
     assert done.stage is NodeStage.CLOSED and "left as it is" in done.outcome
-    assert node.runs == 0 and node.returned == 0 and node.holds == []
+    assert node.runs == 0 and node.returned == 0 and node.released == 0 and node.holds == []
 
 
 async def test_a_suspects_checks_rejected_in_monitor_mode_release_it_untouched(
@@ -393,4 +411,23 @@ async def test_a_suspects_checks_rejected_in_monitor_mode_release_it_untouched(
         )
         done = await handle.result()
     assert done.stage is NodeStage.CLOSED and "no checks" in done.outcome
-    assert node.runs == 0 and node.holds == [] and node.rungs == []
+    assert node.runs == 0 and node.holds == [] and node.rungs == [] and node.released == 1
+
+
+async def test_a_drain_during_a_suspects_checks_makes_it_the_drains_lifecycle(
+    env: Client,
+) -> None:
+    """A real fault drains the node while its suspicion's checks wait: nothing is released
+    (the drain stands); the lifecycle goes on as the drain's, to its return."""
+    node = Node(drained=False, answers=[True, True], checks_gate=asyncio.Event())
+    handle = await run(env, Mode.AUTONOMOUS, fault=SUSPECT)
+    async with worker(env, node):
+        await until(handle, lambda s: s.stage is NodeStage.DIAGNOSING)
+        await handle.signal(NodeLifecycleWorkflow.fault, FAULT)  # the node decision's drain
+        await until(handle, lambda s: len(s.faults) == 2)
+        assert node.checks_gate is not None
+        node.checks_gate.set()
+        done = await handle.result()
+    assert done.stage is NodeStage.RETURNED and node.released == 0 and node.returned == 1
+    stages = [r.stage for r in node.kinds("node_stage")]
+    assert stages == ["suspect", "diagnosing", "drained", "diagnosing", "returned"], stages

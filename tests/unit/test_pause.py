@@ -74,6 +74,7 @@ CHANGES_THE_CLUSTER = {
     "lifecycle_rung",
     "lifecycle_escalate",
     "lifecycle_return",
+    "lifecycle_release",
 }
 # plan_node drains only through `isolate` (gated there); the rest read, record or signal.
 LEAVES_IT_ALONE = {
