@@ -471,7 +471,7 @@ class RecoveryWorkflow:
                 )
             await self._stage_to(Stage.ACTING, f"restarting by {plan.restart_method.value}")
             if plan.check_nodes:  # named by several users' jobs: checked, not drained
-                await self._act(ActionActivities.check_suspects, act)
+                await self._check_suspects(act)
             restarted = await self._act(ActionActivities.restart, act)
             await self._stage_to(Stage.VERIFYING, restarted.detail)
             return await self._verify(
@@ -564,6 +564,20 @@ class RecoveryWorkflow:
         assert self._input is not None
         looked = await verify_restart(self._incident, self._input, job_id, avoid, checkpoint)
         return await self._finish(*looked)
+
+    async def _check_suspects(self, act: ActInput) -> None:
+        """Hand the plan's check nodes to their lifecycle's checks; the job's restart never
+        waits on them: a failure is said in the trail and the recovery goes on."""
+        try:
+            await self._act(ActionActivities.check_suspects, act)
+        except ActivityError as err:
+            cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]
+            await self._record(
+                "lifecycle",
+                f"could not send {','.join(act.plan.check_nodes)} to their checks: {cause}",
+                nodes=act.plan.check_nodes,
+                dedupe="check_suspects:failed",
+            )
 
     async def _failed(self, err: ActivityError) -> RecoveryStatus:
         cause = err.cause.message if err.cause else str(err)  # type: ignore[attr-defined]

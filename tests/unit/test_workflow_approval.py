@@ -20,6 +20,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
@@ -88,6 +89,7 @@ class Fakes:
     gates: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     check_nodes: dict[str, list[str]] = field(default_factory=dict)  # job id → its plan's
     steps: list[tuple[str, str]] = field(default_factory=list)  # (step, job id) as they ran
+    broken_checks: set[str] = field(default_factory=set)  # jobs whose check_suspects fails
 
     async def _gate(self, step: str, job_id: str) -> None:
         gate = self.gates.get((step, job_id))
@@ -137,6 +139,8 @@ class Fakes:
     @activity.defn(name="check_suspects")
     async def check_suspects(self, inp: ActInput) -> StepOutcome:
         self.steps.append(("check_suspects:" + ",".join(inp.plan.check_nodes), inp.plan.job_id))
+        if inp.plan.job_id in self.broken_checks:
+            raise ApplicationError("Temporal unreachable", non_retryable=True)
         return StepOutcome(ok=True, detail="sent to their checks")
 
     @activity.defn(name="restart")
@@ -296,6 +300,19 @@ async def test_an_approved_plan_sends_its_check_nodes_to_their_checks_before_the
     assert (await handle.result()).stage is Stage.DONE
     assert [s for s, j in rig.fakes.steps if j == job] == ["check_suspects:n2", "restart"]
     await _replays(handle)
+
+
+async def test_a_failed_hand_over_to_the_checks_never_holds_the_restart_back(rig: Rig) -> None:
+    job = _job()
+    rig.fakes.check_nodes[job] = ["n2"]
+    rig.fakes.broken_checks.add(job)
+    handle = await _start(rig, job)
+    await _until(handle, _at(Stage.AWAITING_APPROVAL), "awaiting approval")
+    await recovery_client.decide(rig.client, handle.id, "approve", Approval(by="ana"))
+    assert (await handle.result()).stage is Stage.DONE
+    assert [s for s, j in rig.fakes.steps if j == job] == ["check_suspects:n2", "restart"]
+    [said] = rig.fakes.rows(handle.id, "lifecycle")
+    assert "could not send n2 to their checks" in said.summary and said.nodes == ["n2"]
 
 
 async def test_decide_refused_once_decided_and_after_the_end(rig: Rig) -> None:
