@@ -1,5 +1,6 @@
-"""What the three workflows that ask a person share: the refusal of a decision none awaits,
-and the words for one taken."""
+"""The approval gate the three workflows that ask a person share (a recovery, a node decision,
+a node lifecycle): one decision taken once, the refusal of one none awaits, and the words for
+one taken."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ PAST = {Decision.APPROVE: "approved", Decision.REJECT: "rejected"}
 
 
 class NotAwaitingApprovalError(ApplicationError):
-    """A decision the recovery does not take now: it awaits none, or one was already made."""
+    """A decision the workflow does not take now: it awaits none, or one was already made."""
 
     def __init__(self, why: str) -> None:
         super().__init__(why, type="NotAwaitingApproval", non_retryable=True)
