@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         Rung,
         RungInput,
         StartInput,
+        StartResult,
     )
     from relaunch.models.recovery import (
         Approval,
@@ -318,13 +319,7 @@ class NodeLifecycleWorkflow(Repair):
             if first.suspect
             else f"{inp.node}: lifecycle for {first.incident_id}'s drain",
         )
-        start = await call(
-            LifecycleActivities.start,
-            StartInput(**self._step().model_dump(), fault=first),
-            NODE_LOOK,
-            f"look at {inp.node}",
-        )
-        self._ladder = start.ladder
+        start = await self._look(first)
         if first.suspect:
             await self._suspect(start.drained, start.state)
             await self._record_faults()
@@ -333,9 +328,32 @@ class NodeLifecycleWorkflow(Repair):
             self._outcome = f"{inp.node} is not out of service ({start.state}): nothing to do"
             await self._stage_to(NodeStage.CLOSED, self._outcome)
             return self.status()
+        await self._after_drain(start)
+        await self._record_faults()
+        return self.status()
+
+    async def _look(self, fault: LifecycleFault) -> StartResult:
+        """A fresh read of the node for ``fault``: whether it is out, its ladder, and whether
+        it goes straight to repair."""
+        inp = self._input
+        assert inp is not None
+        start = await call(
+            LifecycleActivities.start,
+            StartInput(**self._step().model_dump(), fault=fault),
+            NODE_LOOK,
+            f"look at {inp.node}",
+        )
+        self._ladder = start.ladder
+        return start
+
+    async def _after_drain(self, start: StartResult, how: str = "") -> None:
+        """A drained node's lifecycle: let it settle, check it, climb the ladder, to its
+        return or to repair."""
+        inp = self._input
+        assert inp is not None
         await self._stage_to(
             NodeStage.DRAINED,
-            f"{inp.node} out of service ({start.state}); checks in {inp.settings.settle_s:g}s",
+            f"{inp.node} out of service ({start.state}){how}; checks in {inp.settings.settle_s:g}s",
             ladder=[r.value for r in start.ladder],
         )
         if inp.settings.settle_s > 0:
@@ -344,8 +362,6 @@ class NodeLifecycleWorkflow(Repair):
             await self._diagnose_and_climb(start.escalate)
         except Escalate as why:
             await self._repair(str(why))
-        await self._record_faults()
-        return self.status()
 
     async def _diagnose_and_climb(self, escalate: str) -> None:
         """Diagnose; return the node on passing checks, else climb the ladder. Raises
@@ -464,26 +480,12 @@ class NodeLifecycleWorkflow(Repair):
         if fault is None:
             return False
         await self._record_faults()
-        start = await call(
-            LifecycleActivities.start,
-            StartInput(**self._step().model_dump(), fault=fault),
-            NODE_LOOK,
-            f"look at {inp.node}",
-        )
-        self._ladder = start.ladder
+        start = await self._look(fault)
         if not start.drained:
             self._outcome = f"{inp.node} is not out of service ({start.state}): nothing to do"
             await self._stage_to(NodeStage.CLOSED, self._outcome)
             return True
-        await self._stage_to(
-            NodeStage.DRAINED,
-            f"{inp.node} drained by {fault.incident_id} while a suspect ({start.state})",
-            ladder=[r.value for r in start.ladder],
-        )
-        try:
-            await self._diagnose_and_climb(start.escalate)
-        except Escalate as why:
-            await self._repair(str(why))
+        await self._after_drain(start, f", drained by {fault.incident_id} while a suspect")
         return True
 
     async def _not_conclusive(self, run: CheckRun) -> None:
