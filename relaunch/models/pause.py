@@ -45,7 +45,7 @@ class PauseState(BaseModel):
 class ClusterPausedError(RelaunchError):
     """The cluster is paused: nothing that changes it may run. Retried by Temporal within the
     step's retry policy (no history events); when those attempts are spent, the workflow waits
-    on a timer and calls the step again (relaunch/workflows/recovery.py: ``call``)."""
+    on a timer and calls the step again (relaunch/workflows/calls.py: ``call``)."""
 
     retryable = True
 
