@@ -91,6 +91,7 @@ class NodeLifecycleWorkflow(Repair):
         self._ticket = ""
         self._outcome = ""
         self._visits = 0  # stages entered: each stage row's dedupe key
+        self._drain_looked = False  # a suspect's: the drain that came meanwhile was looked at
 
     # ------------------------------------------------------------------ messages
 
@@ -473,18 +474,19 @@ class NodeLifecycleWorkflow(Repair):
         return next((f for f in self._faults if not f.suspect), None)
 
     async def _as_drained(self) -> bool:
-        """Where a drain's fault has come to this suspect's lifecycle, go on as that drain's
-        lifecycle (its ladder, its repair rules), and say so (True)."""
+        """Where a drain's fault has come to this suspect's lifecycle and the node is out of
+        service by it, go on as that drain's lifecycle (its ladder, its repair rules), and say
+        so (True). Looked at once: a node found back in service (its checks ran inside the
+        reservation) ends as the suspect's does, its reservation ended."""
         inp, fault = self._input, self._drain_fault()
         assert inp is not None
-        if fault is None:
+        if fault is None or self._drain_looked:
             return False
+        self._drain_looked = True
         await self._record_faults()
         start = await self._look(fault)
         if not start.drained:
-            self._outcome = f"{inp.node} is not out of service ({start.state}): nothing to do"
-            await self._stage_to(NodeStage.CLOSED, self._outcome)
-            return True
+            return False
         await self._after_drain(start, f", drained by {fault.incident_id} while a suspect")
         return True
 

@@ -86,6 +86,7 @@ class Node:
     records: list[RecordEventInput] = field(default_factory=list)
     gate: asyncio.Event | None = None  # set: the return waits for it
     checks_gate: asyncio.Event | None = None  # set: the checks wait for it
+    undrained: bool = False  # a drain's fault finds the node back in service
 
     @activity.defn(name="record_event")
     async def record_event(self, inp: RecordEventInput) -> bool:
@@ -95,12 +96,16 @@ class Node:
     @activity.defn(name="lifecycle_start")
     async def start(self, inp: StartInput) -> StartResult:
         return StartResult(
-            # A drain's own fault finds the node drained; a suspicion, as the test sets it.
-            drained=self.drained or not inp.fault.suspect,
-            state="DOWN+DRAIN" if self.drained or not inp.fault.suspect else "MIXED",
+            drained=self.out(inp.fault),
+            state="DOWN+DRAIN" if self.out(inp.fault) else "MIXED",
             ladder=[Rung.REBOOT, Rung.ESCALATE],
             escalate=self.escalate,
         )  # fmt: skip
+
+    def out(self, fault: LifecycleFault) -> bool:
+        """Out of service when the lifecycle looks for ``fault``: a drain's fault finds the
+        node drained unless the test cleared it; a suspicion, as the test sets it."""
+        return self.drained or (not fault.suspect and not self.undrained)
 
     @activity.defn(name="lifecycle_reserve")
     async def reserve(self, inp: NodeStepInput) -> str:
@@ -431,3 +436,20 @@ async def test_a_drain_during_a_suspects_checks_makes_it_the_drains_lifecycle(
     assert done.stage is NodeStage.RETURNED and node.released == 0 and node.returned == 1
     stages = [r.stage for r in node.kinds("node_stage")]
     assert stages == ["suspect", "diagnosing", "drained", "diagnosing", "returned"], stages
+
+
+async def test_a_drain_its_checks_cleared_leaves_no_fence_behind(env: Client) -> None:
+    """The drain came during the suspect's checks, and the checks (inside the reservation)
+    cleared it and passed: the node is in service, so the lifecycle ends as the suspect's does,
+    its reservation ended."""
+    node = Node(drained=False, answers=[True], undrained=True, checks_gate=asyncio.Event())
+    handle = await run(env, Mode.AUTONOMOUS, fault=SUSPECT)
+    async with worker(env, node):
+        await until(handle, lambda s: s.stage is NodeStage.DIAGNOSING)
+        await handle.signal(NodeLifecycleWorkflow.fault, FAULT)
+        await until(handle, lambda s: len(s.faults) == 2)
+        assert node.checks_gate is not None
+        node.checks_gate.set()
+        done = await handle.result()
+    assert done.stage is NodeStage.CLOSED and "suspect cleared" in done.outcome
+    assert node.released == 1 and node.returned == 0 and node.runs == 1
