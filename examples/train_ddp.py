@@ -1,7 +1,9 @@
 """A small, real PyTorch DDP training job (gloo, CPU) for Relaunch's tests and demo.
 
 Launched by `srun` (see jobs/train_ddp.sbatch): one process per task, rank = $SLURM_PROCID,
-world = $SLURM_NTASKS. It trains an MLP on synthetic deterministic data, checkpoints atomically
+world = $SLURM_NTASKS. Under torchrun (jobs/train_elastic.sbatch: `$TORCHELASTIC_RUN_ID` set) the
+rank, world size and rendezvous address are torchrun's ($RANK, $WORLD_SIZE, $MASTER_ADDR:PORT).
+It trains an MLP on synthetic deterministic data, checkpoints atomically
 from rank 0 and resumes from the latest checkpoint on every start, so a requeued job continues
 where it stopped. The printed lines are a contract other code parses (see README.md):
 
@@ -50,6 +52,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout (s)")
     p.add_argument("--fail-at-step", type=int, default=None, help="inject an error at step N")
     p.add_argument("--fail-rank", type=int, default=None, help="rank that raises the error")
+    p.add_argument(
+        "--fail-once",
+        action="store_true",
+        help="raise the injected error only once (a marker in --ckpt-dir remembers it)",
+    )
     p.add_argument(
         "--ckpt-pause", type=float, default=0.0, help="extra seconds rank 0 spends in each save"
     )
@@ -219,20 +226,45 @@ def evaluate(model: nn.Module, step: int, rank: int, pause: float) -> float:
     return float(sum(losses) / len(losses))
 
 
-def main() -> int:
-    args = parse_args()
-    rank = int(os.environ["SLURM_PROCID"])
-    world = int(os.environ["SLURM_NTASKS"])
-    node = os.environ.get("SLURMD_NODENAME", os.uname().nodename)
+def init_group(pg_timeout: float) -> tuple[int, int]:
+    """Join the process group: torchrun's rendezvous (its agent exported $RANK, $WORLD_SIZE,
+    $MASTER_ADDR and $MASTER_PORT for this round) or srun's task ids. Returns (rank, world)."""
+    timeout = timedelta(seconds=pg_timeout)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
+        return rank, world
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-
     dist.init_process_group(
         backend="gloo",
         init_method=f"tcp://{addr}:{master_port()}",
         rank=rank,
         world_size=world,
-        timeout=timedelta(seconds=args.pg_timeout),
+        timeout=timeout,
     )
+    return rank, world
+
+
+def fails_now(args: argparse.Namespace, step: int, rank: int) -> bool:
+    """Whether this rank raises the injected application error at this step (once only with
+    --fail-once: the marker is written before the raise, so a restart trains on)."""
+    if step != args.fail_at_step or rank != args.fail_rank:
+        return False
+    if not args.fail_once:
+        return True
+    marker = args.ckpt_dir / f".failed-at-{step}"
+    if marker.exists():
+        return False
+    args.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return True
+
+
+def main() -> int:
+    args = parse_args()
+    node = os.environ.get("SLURMD_NODENAME", os.uname().nodename)
+    rank, _world = init_group(args.pg_timeout)
 
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -252,7 +284,7 @@ def main() -> int:
     loss_fn = nn.MSELoss()
     step = last_done
     for step in range(last_done + 1, args.steps + 1):
-        if step == args.fail_at_step and rank == args.fail_rank:
+        if fails_now(args, step, rank):
             raise RuntimeError(f"injected application error at step {step}")
         x, y = batch(step, rank)
         optimizer.zero_grad(set_to_none=True)

@@ -19,7 +19,9 @@ from temporalio.service import RPCError
 
 from relaunch.activities.deps import Deps, beat, keeps_heartbeating, log, typed_errors
 from relaunch.activities.resubmit import Resubmission
+from relaunch.activities.spare import SpareRestart
 from relaunch.connectors.joboutput import FileAccess, tail_file
+from relaunch.connectors.launcher_health import LauncherHealth
 from relaunch.detection.planning import blast_radius, held_out, partition_size
 from relaunch.detection.progress import ResumeProgress, resumed_progress
 from relaunch.models.errors import (
@@ -236,11 +238,42 @@ class ActionActivities:
         events = await self.deps.audit.events(incident_id)
         return any(e.kind == "approval" and e.data.get("override") is True for e in events)
 
+    async def _flag_for_launchers(self, inp: ActInput, node: str) -> None:
+        """Take the node's health file away before it is drained, so that a job's launcher
+        leaves it out of its next rendezvous (relaunch/connectors/launcher_health.py). A file
+        that cannot be written never stops the drain: it is said in the trail."""
+        pattern = self.deps.config.launcher_health_pattern
+        if not pattern:
+            return
+        health = LauncherHealth(pattern)
+        category = inp.plan.category.value if inp.plan.category else "a fault"
+        try:
+            flagged = await asyncio.to_thread(
+                health.flag, node, incident=inp.incident_id, reason=f"convicted of {category}"
+            )
+        except (OSError, ValueError) as exc:
+            summary, data = f"{node}: its launcher health file not removed: {exc}", {}
+        else:
+            summary = f"{node}: launcher health file {health.path(node)} " + (
+                "removed: the jobs' launchers leave it out" if flagged else "already gone"
+            )
+            data = {"path": str(health.path(node)), "removed": flagged}
+        await self.deps.audit_row(
+            inp.incident_id,
+            "launcher_health",
+            summary,
+            dedupe=f"launcher_health:{node}",
+            nodes=[node],
+            data=data,
+        )
+
     async def _drain_and_fence(self, inp: ActInput) -> StepOutcome:
         sched, plan = self.deps.scheduler, inp.plan
         reason = drain_reason(inp.incident_id)
         notes = []
         changed = False
+        for node in sorted({*plan.drain_nodes, *plan.fence_nodes}):
+            await self._flag_for_launchers(inp, node)
         for node in plan.drain_nodes:
             beat(f"drain {node}")
             result = await sched.drain_node(node, reason)
@@ -267,7 +300,8 @@ class ActionActivities:
     @typed_errors
     @keeps_heartbeating
     async def restart(self, inp: ActInput) -> StepOutcome:
-        """Restart the job (requeue, or cancel and resubmit), without its culprits."""
+        """Restart the job (requeue, cancel and resubmit, or train again on a spare of its
+        own allocation), without its culprits."""
         await self.deps.unless_paused(inp.incident_id, "restart")
         sched, plan = self.deps.scheduler, inp.plan
         beat("restart")
@@ -289,11 +323,17 @@ class ActionActivities:
                 detail=result.note or result.after,
                 new_job_id=result.new_job_id,
             )
+        instead = ""
+        if plan.restart_method is RestartMethod.SPARE:
+            why, detail = await SpareRestart(self.deps, self._audit_action).run(inp, job)
+            if why is None:
+                return StepOutcome(ok=True, changed=True, detail=detail)
+            instead = f"no spare-node restart ({why}): "
         result = await sched.requeue_job(
             job.job_id, expected_restart_count=plan.expected_restart_count
         )
         await self._audit_action(inp.incident_id, "restart", result)
-        detail = result.note or "requeued"
+        detail = instead + (result.note or "requeued")
         if plan.exclude_nodes:
             detail += "; " + await self._exclude_when_pending(inp, job.job_id)
         return StepOutcome(ok=True, changed=result.changed, detail=detail)

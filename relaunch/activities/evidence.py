@@ -288,6 +288,7 @@ class EvidenceActivities:
                 last_checkpoint_step=checkpoint,
                 max_restarts=job.max_restarts,
                 user=job.user,
+                train_nodes=job.train_nodes,
             ),
             node_states=bundle_job.node_states,
             unreachable_nodes=unreachable,

@@ -239,18 +239,24 @@ def make_plan(
         reasons.append(f"remedy by the Xid catalogue: {rungs}")
     excluding = action in {Action.ISOLATE_AND_RESTART, Action.EXCLUDE_AND_RESTART}
     fence = [n for n in drain if n in evidence.unreachable_nodes]
+    exclude = sorted({*culprits, *history.already_drained} & set(job.nodes)) if excluding else []
+    restart_method = policy.restart_method
+    if excluding and job.spare_left(exclude):
+        restart_method = RestartMethod.SPARE
+        reasons.append(
+            f"job {job.job_id} trains on {job.train_nodes} of its {len(job.nodes)} nodes: "
+            f"{','.join(exclude)} leave(s) it and it trains again on a spare"
+        )
     return ActionPlan(
         request_id=request_id,
         action=action,
         mode=mode,
         drain_nodes=drain,
         fence_nodes=fence,
-        restart_method=policy.restart_method,
+        restart_method=restart_method,
         job_id=job.job_id,
         expected_restart_count=job.restart_count,
-        exclude_nodes=sorted({*culprits, *history.already_drained} & set(job.nodes))
-        if excluding
-        else [],
+        exclude_nodes=exclude,
         suspect_nodes=sorted(suspects) if excluding else [],
         check_nodes=sorted(checks) if excluding else [],
         needs_override=needs_override,
@@ -279,5 +285,7 @@ def node_decision_nodes(verdict: Verdict, evidence: EvidenceSummary, policy: Pol
     if not set(culprits) <= set(evidence.job.nodes):  # a culprit the job did not run on
         return []
     if evidence.job.state.upper().startswith("CANCELLED"):  # drained, never requeued
+        return []
+    if evidence.job.spare_left(culprits):  # it trains on a spare: its own plan, no requeue
         return []
     return culprits

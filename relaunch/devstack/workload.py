@@ -14,6 +14,8 @@ from relaunch.models.errors import SchedulerError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TRAIN_SCRIPT = EXAMPLES / "jobs" / "train_ddp.sbatch"
+# The same training under torchrun's elastic agent, three nodes of which two train (a spare).
+ELASTIC_SCRIPT = EXAMPLES / "jobs" / "train_elastic.sbatch"
 
 
 def submit_training(
@@ -23,8 +25,10 @@ def submit_training(
     ckpt_dir: Path | None = None,
     args: Sequence[str] = (),
     comment: str = "relaunch=on",
+    script: Path = TRAIN_SCRIPT,
 ) -> str:
-    """Submit the PyTorch DDP example (2 nodes) with this interpreter; its output goes to
+    """Submit the PyTorch DDP example (2 nodes; ``script=ELASTIC_SCRIPT``: under torchrun, 3
+    nodes of which 2 train) with this interpreter; its output goes to
     ``<workdir>/train-<job id>.out`` and, unless ``ckpt_dir`` is given, its checkpoints to
     ``<workdir>/checkpoints/<job id>``. Returns the job id."""
     env = {
@@ -43,7 +47,7 @@ def submit_training(
             f"--output={workdir}/train-%j.out",
             f"--comment={comment}",
             f"--chdir={workdir}",
-            str(TRAIN_SCRIPT),
+            str(script),
             *args,
         ],
         env=env,

@@ -431,6 +431,13 @@ class ClusterConfig(BaseModel):
         description="where `relaunch agent --output` writes each node's telemetry.jsonl, "
         "e.g. /shared/relaunch/{node}/telemetry.jsonl",
     )
+    launcher_health_pattern: str | None = Field(
+        default=None,
+        description="each node's health file for the jobs' own launchers, with {node}, e.g. "
+        "/shared/relaunch/health/{node}: there while the node is in service, removed the "
+        "moment Relaunch convicts it (NVRx ft_launcher --ft-storage-health-check-path; "
+        "docs/spares.md). Unset: none written",
+    )
     job_output: JobOutputSettings = Field(
         default_factory=JobOutputSettings,
         description="which job output files may be read, and how long a read may take",

@@ -7,6 +7,7 @@ Temporal history (and the UI) shows named fields, and changes stay additive.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -60,6 +61,10 @@ class AutoAction(StrEnum):
 class RestartMethod(StrEnum):
     REQUEUE = "requeue"
     RESUBMIT = "resubmit"
+    # The job trains again on a spare node of its own allocation: the culprit leaves the
+    # running job and the job's steps start again on the rest (docs/spares.md). Chosen per job
+    # by its plan (`train_nodes=N` in its comment), never a policy's restart_method.
+    SPARE = "spare"
 
 
 class DetectionSource(StrEnum):
@@ -322,6 +327,19 @@ class JobSnapshot(BaseModel):
         description="the job's user, as Slurm lists it: whose voice the plan counts among the "
         "users that named a suspect (carried here, so no step reads it back from the bundle)",
     )
+    train_nodes: int | None = Field(
+        default=None,
+        description="how many of its nodes the job trains on (`--comment "
+        "relaunch=on,train_nodes=N`); the rest of its allocation are spares",
+    )
+
+    def spare_left(self, without: Collection[str]) -> bool:
+        """Whether the job, running, still has enough nodes to train on once ``without``
+        (nodes of its allocation) leave it: the spare-node restart instead of a requeue."""
+        if not self.train_nodes or not self.state.upper().startswith("RUNNING"):
+            return False
+        leaving = set(without) & set(self.nodes)
+        return bool(leaving) and len(set(self.nodes) - leaving) >= self.train_nodes
 
 
 class GatherInput(BaseModel):

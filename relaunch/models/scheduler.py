@@ -244,6 +244,17 @@ class Job(BaseModel):
         # The job's user writes it: nine digits at most (a budget, not a number to parse).
         return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None
 
+    @property
+    def train_nodes(self) -> int | None:
+        """How many of the job's nodes train (``--comment relaunch=on,train_nodes=N``): the
+        rest of its allocation are spares it trains on again when one is lost (docs/spares.md).
+        The job's own setting: it only ever decides how that job restarts, never who is to
+        blame."""
+        value = self.comment_fields.get("train_nodes", "")
+        if not (value.isascii() and value.isdigit() and len(value) <= 6):
+            return None
+        return int(value) or None
+
 
 # Per-job limits a job's comment may set (seconds, or with a unit: 90s, 10m, 2h); each only
 # ever affects the job whose comment says it.

@@ -257,13 +257,16 @@ class NodeReports:
             )
             self._reported[report.node] = now  # under way: a concurrent pass does not repeat it
         # The jobs each decision may requeue ahead of their joins: those on no other node
-        # reported (now or lately), so that no two decisions requeue one job.
+        # reported (now or lately), so that no two decisions requeue one job; never one that
+        # trains again on a spare of its own (its recovery takes the node out of it instead).
         out = {n for n, at in self._reported.items() if now - at < REPORT_QUIET_S}
         for node, report in reports.items():
             alone = [
                 j
                 for j in running_on[node]
-                if j.state is JobState.RUNNING and not (set(j.nodes) - {node}) & out
+                if j.state is JobState.RUNNING
+                and not (set(j.nodes) - {node}) & out
+                and not _spare_left(j, node)
             ]
             report.running = [
                 ReportedJob(
@@ -300,3 +303,10 @@ class NodeReports:
             )
 
         await asyncio.gather(*(one(r) for r in reports.values()))
+
+
+def _spare_left(job: Job, node: str) -> bool:
+    """Whether ``job`` keeps enough nodes to train on without ``node`` (its comment's
+    ``train_nodes``): docs/spares.md."""
+    need = job.train_nodes
+    return bool(need) and len(set(job.nodes) - {node}) >= (need or 0)

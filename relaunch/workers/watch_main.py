@@ -75,6 +75,7 @@ def watch_config(config: ClusterConfig) -> WatchConfig:
         heartbeat_timeout_s=config.watch.heartbeat_timeout_s,
         node_log_pattern=config.node_log_pattern,
         telemetry_pattern=config.telemetry_pattern,
+        launcher_health_pattern=config.launcher_health_pattern,
         progress_pattern=config.watch.progress_pattern,
         follow_up_hold_s=config.watch.follow_up_hold_s,
         job_output=config.job_output,

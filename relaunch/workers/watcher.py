@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from pydantic import Field, field_validator
 
 from relaunch.connectors.joboutput import FileAccess
+from relaunch.connectors.launcher_health import FitFiles, LauncherHealth
 from relaunch.connectors.lease import LeaseLostError
 from relaunch.connectors.liveness import LivenessMonitor
 from relaunch.connectors.logs import FileTail
@@ -151,6 +152,11 @@ class WatchConfig(WatchPaces):
         description="the node agents' telemetry.jsonl files, with {node} (their heartbeat "
         "files are beside them)",
     )
+    launcher_health_pattern: str | None = Field(
+        default=None,
+        description="each node's health file for the jobs' launchers, with {node}: written for "
+        "every node in service (docs/spares.md)",
+    )
     progress_pattern: str | None = Field(default=None, description="a regex with group `step`")
     max_read_bytes: int = Field(default=8 << 20, gt=0, description="per file per poll")
     max_job_bytes_per_pass: int = Field(
@@ -174,7 +180,7 @@ class WatchConfig(WatchPaces):
         "handed over together, in one signal (0: each at once); see watch_handover.py",
     )
 
-    @field_validator("node_log_pattern", "telemetry_pattern")
+    @field_validator("node_log_pattern", "telemetry_pattern", "launcher_health_pattern")
     @classmethod
     def _has_node(cls, value: str | None) -> str | None:
         if value is not None and "{node}" not in value:
@@ -238,6 +244,8 @@ class Watcher:
         # the active listing and the loop look at, not every watched job each time.
         self._readable: dict[str, JobWatch] = {}
         self._drains = ExternalDrains(config.cluster, on_external_drains)
+        pattern = config.launcher_health_pattern
+        self._fit_files = FitFiles(LauncherHealth(pattern)) if pattern else None
         self._catch_up = catch_up  # job ends missed while not looking: watch_catchup.py
         self._pass = 0
         # Held through a pass (a poll's or a log read's): a pass may wait for the node reports
@@ -361,6 +369,8 @@ class Watcher:
                 self.cadence.nodes_listed(started)
                 self._reports.nodes_seen({n for n, node in nodes.items() if node.drain_flag})
                 self._drains.observe(jobs, nodes, wall, time.monotonic())
+                if self._fit_files is not None:
+                    self._fit_files.observe(nodes.values(), time.monotonic())
             else:  # the last listing's: their addresses for the probes, their states as seen
                 nodes = self._last_nodes
         found: list[Detection] = []

@@ -23,7 +23,7 @@ from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack import faults, procs
 from relaunch.devstack.slurm import slurmd_pid, start_daemons
 from relaunch.devstack.stack import SERVICE_READY, Stack
-from relaunch.devstack.workload import submit_training
+from relaunch.devstack.workload import ELASTIC_SCRIPT, submit_training
 from relaunch.models.config import ClusterConfig, WatchSettings
 from relaunch.models.lifecycle import LifecycleSettings
 from relaunch.models.recovery import (
@@ -57,6 +57,7 @@ class Harness:
             database_url=stack.database_url,
             bundle_dir=str(tmp / name / "bundles"),
             node_log_pattern=str(tmp / name / "nodes" / "{node}" / "kern.log"),
+            launcher_health_pattern=str(tmp / name / "health" / "{node}"),
             policy=policy,
             # The active jobs every poll as well, the nodes every second: a test's job is seen
             # running within half a second, however loaded the shared machine (the cadence:
@@ -121,6 +122,19 @@ class Harness:
             args=["--step-sleep", "0.2", "--ckpt-every", "5", *args],
             # Tests share one Slurm: a harness's watcher and intake look after its jobs only.
             comment=f"relaunch=on,relaunch_cluster={self.config.name}",
+        )
+        self.jobs.append(job_id)
+        return job_id
+
+    def submit_elastic(self, *args: str, train_nodes: int = 2) -> str:
+        """The DDP example under torchrun with a spare (examples/jobs/train_elastic.sbatch)."""
+        job_id = submit_training(
+            self.stack.slurm_env,
+            workdir=self.tmp,
+            ckpt_dir=self.tmp / self.config.name / "ckpt-elastic",
+            args=["--step-sleep", "0.2", "--ckpt-every", "5", *args],
+            comment=f"relaunch=on,relaunch_cluster={self.config.name},train_nodes={train_nodes}",
+            script=ELASTIC_SCRIPT,
         )
         self.jobs.append(job_id)
         return job_id

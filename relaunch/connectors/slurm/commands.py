@@ -29,6 +29,7 @@ from relaunch.connectors.slurm.runner import (
     failure,
     raise_for_controller,
 )
+from relaunch.connectors.slurm.spares import SpareActions
 from relaunch.models import names
 from relaunch.models.errors import (
     ControllerUnavailableError,
@@ -351,6 +352,10 @@ class SlurmCli:
     def maintenance(self) -> NodeMaintenance:
         """A drained node's maintenance: reservation, commands on the node, reboot."""
         return NodeMaintenance(self)
+
+    def spares(self) -> SpareActions:
+        """A running job's spare-node restart: a node out of the job, its steps ended."""
+        return SpareActions(self)
 
     async def resume_node(self, name: str) -> ActionResult:
         name = names.node_name(name)
