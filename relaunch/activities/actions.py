@@ -22,6 +22,7 @@ from relaunch.activities.resubmit import Resubmission
 from relaunch.activities.spare import SpareRestart
 from relaunch.connectors.joboutput import FileAccess, tail_file
 from relaunch.connectors.launcher_health import LauncherHealth
+from relaunch.detection.launchers import launcher_of
 from relaunch.detection.planning import blast_radius, held_out, partition_size
 from relaunch.detection.progress import ResumeProgress, resumed_progress
 from relaunch.models.errors import (
@@ -35,6 +36,8 @@ from relaunch.models.recovery import (
     ActInput,
     Category,
     GuardDecision,
+    LauncherLook,
+    LauncherLookInput,
     Policy,
     RestartMethod,
     StepOutcome,
@@ -47,6 +50,9 @@ from relaunch.models.scheduler import ActionResult, Job, JobState, Node
 
 if TYPE_CHECKING:  # imported where used: the workflow modules import the activities
     from relaunch.workflows.node_client import LifecycleSignals
+
+# What one look at a job's output since its evidence reads at most (its last part).
+LAUNCHER_LOOK_BYTES = 256 * 1024
 
 
 class DrainCheck(BaseModel):
@@ -395,6 +401,39 @@ class ActionActivities:
             dedupe="verify",
             nodes=job.nodes,
             data={"job_id": job.job_id, "nodes": job.nodes},
+        )
+
+    @activity.defn(name="launcher_look")
+    @typed_errors
+    async def launcher_look(self, inp: LauncherLookInput) -> LauncherLook:
+        """One look at a running job whose own launcher may restart it in the job: the same
+        attempt still RUNNING (Slurm's word) with a resume and a step past it in its output
+        since the evidence (the job's word: it only ever holds this job's own recovery back),
+        or the job ended or requeued, or neither yet."""
+        job = await self.deps.scheduler.get_job_brief(inp.job_id)
+        if job.state is not JobState.RUNNING or job.restart_count != inp.restart_count:
+            return LauncherLook(
+                ended=True,
+                detail=f"job {job.job_id} is {job.state.value} (attempt {job.restart_count})",
+            )
+        text = ""
+        if job.stdout_path:
+            access = await asyncio.to_thread(FileAccess.for_job, job, self.deps.config.job_output)
+            read = await asyncio.to_thread(
+                tail_file, job.stdout_path, access, LAUNCHER_LOOK_BYTES, inp.since_offset
+            )
+            text = read.text
+        launcher = launcher_of(text) or inp.launcher
+        found = resumed_progress(text, self.deps.config.watch.progress_pattern)
+        if found is None:
+            return LauncherLook(launcher=launcher, detail=f"job {job.job_id} not training yet")
+        return LauncherLook(
+            trained_again=True,
+            launcher=launcher,
+            resumed_step=found.step,
+            latest_step=found.latest,
+            detail=f"resumed from checkpoint step {found.step}, now at step {found.latest} "
+            f"on {','.join(job.nodes)}, in the same attempt",
         )
 
     @activity.defn(name="verify_check")

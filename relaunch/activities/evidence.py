@@ -23,6 +23,7 @@ from relaunch.connectors.liveness import ProbeError, Prober, ProbeTarget
 from relaunch.connectors.logstores import fetch_evidence_logs
 from relaunch.connectors.telemetry import read_job_telemetry
 from relaunch.detection.attribution import attribute_bundle, implicated, suspects
+from relaunch.detection.launchers import launcher_of
 from relaunch.detection.lines import lines_since
 from relaunch.detection.liveness import alive_despite_probe
 from relaunch.detection.markers import last_progress
@@ -46,6 +47,8 @@ from relaunch.models.scheduler import Job, Node
 
 LOG_TAIL_BYTES = 4 * 1024 * 1024
 NODE_LOG_TAIL_BYTES = 1024 * 1024
+# The end of the job's output searched for its launcher's lines (torchrun, ft_launcher).
+LAUNCHER_TAIL = 256 * 1024
 # The evidence step's own probe of the job's nodes (see probe_now).
 # The evidence of an attempt the job has moved on from (requeued since) reads its nodes' kernel
 # logs from this long before its first detection.
@@ -289,6 +292,8 @@ class EvidenceActivities:
                 max_restarts=job.max_restarts,
                 user=job.user,
                 train_nodes=job.train_nodes,
+                launcher=launcher_of(job_log[-LAUNCHER_TAIL:]),
+                log_size=log_size,
             ),
             node_states=bundle_job.node_states,
             unreachable_nodes=unreachable,

@@ -261,6 +261,14 @@ class Policy(BaseModel):
     )
     repeat_offender_window_hours: float = Field(default=168.0, gt=0, le=8760)
     verify_timeout_s: float = Field(default=300.0, gt=0, le=86400)
+    launcher_grace_s: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="how long a running job whose own launcher (torchrun, ft_launcher) restarts "
+        "it in the job is given to train again before the recovery acts (docs/spares.md); "
+        "0: never waited for",
+    )
     node_decisions: bool = Field(
         default=True,
         description="one decision per failed node: recoveries that convict a node on trusted "
@@ -326,6 +334,13 @@ class JobSnapshot(BaseModel):
         default="",
         description="the job's user, as Slurm lists it: whose voice the plan counts among the "
         "users that named a suspect (carried here, so no step reads it back from the bundle)",
+    )
+    launcher: str = Field(
+        default="",
+        description="the in-job launcher the job's output shows (torchrun, ft_launcher), if any",
+    )
+    log_size: int = Field(
+        default=0, description="the size of the job's output when the evidence read it"
     )
     train_nodes: int | None = Field(
         default=None,
@@ -532,6 +547,31 @@ class VerifyInput(BaseModel):
     avoid_nodes: list[str]
     checkpoint_step: int | None = None
     timeout_s: float = 300.0
+
+
+class LauncherLookInput(BaseModel):
+    """A look at a running job for its launcher's own restart (`launcher_look`)."""
+
+    model_config = STRICT
+
+    incident_id: str
+    cluster: str
+    job_id: str
+    restart_count: int = Field(description="the attempt the recovery is about")
+    since_offset: int = Field(description="where the job's output stood at the evidence")
+    launcher: str
+
+
+class LauncherLook(BaseModel):
+    """What one look found: the job trains again in the same attempt, or it ended (or was
+    requeued), or neither yet."""
+
+    trained_again: bool = False
+    ended: bool = False
+    launcher: str = Field(default="", description="the launcher its output shows, if any")
+    detail: str = ""
+    resumed_step: int | None = None
+    latest_step: int | None = None
 
 
 class VerifyCheck(BaseModel):

@@ -75,6 +75,7 @@ def activities_for(deps: Deps) -> list[Callable[..., Any]]:
         actions.restart,
         actions.hold,
         actions.verify_check,
+        actions.launcher_look,
         node.investigate,
         node.plan_node,
         node.requeue_batch,

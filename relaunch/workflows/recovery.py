@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         call,
         job_not_found,
     )
+    from relaunch.workflows.launcher_watch import launcher_may_restart, watch_launcher
     from relaunch.workflows.node_decision import NodeDecisionWorkflow
     from relaunch.workflows.verify import verify_restart
 
@@ -73,6 +74,8 @@ with workflow.unsafe.imports_passed_through():
 # How long a recovery waits for its node decision's outcome beyond the approval timeout
 # before it goes on alone (a decision terminated by hand, a stuck batch).
 NODE_WAIT_SLACK = timedelta(minutes=15)
+# Recoveries started before the launcher's turn existed replay without it.
+LAUNCHER_PATCH = "launcher-turn"
 
 
 @workflow.defn
@@ -343,9 +346,48 @@ class RecoveryWorkflow:
                 SA_NODES.value_set(verdict.culprit_nodes),
             ]
         )
+        if launcher_may_restart(inp, verdict, evidence) and workflow.patched(LAUNCHER_PATCH):
+            restarted = await self._launchers_turn(inp, evidence)
+            if restarted is not None:
+                return restarted
         if joined.decisions:
             return await self._via_node_decisions(inp, verdict, evidence, joined)
         return await self._plan_and_act(inp, verdict, evidence)
+
+    async def _launchers_turn(
+        self, inp: RecoveryInput, evidence: EvidenceSummary
+    ) -> RecoveryStatus | None:
+        """Give the job's own launcher its chance to restart it in the job (launcher_watch.py):
+        the finished recovery when it trains again, else None (the recovery plans as always)."""
+        look, took = await watch_launcher(self._incident, inp, evidence)
+        launcher = look.launcher or "the job's launcher"
+        if look.trained_again:
+            await self._record(
+                "in_job_restart",
+                f"in-job restart by {launcher}: {look.detail}, {took.total_seconds():.1f}s "
+                "after the recovery began; not requeued",
+                dedupe="in_job_restart",
+                data={
+                    "launcher": look.launcher,
+                    "job_id": evidence.job.job_id,
+                    "attempt": evidence.job.restart_count,
+                    "resumed_step": look.resumed_step,
+                    "latest_step": look.latest_step,
+                    "seen_after_s": round(took.total_seconds(), 3),
+                },
+            )
+            return await self._finish(
+                Stage.NO_ACTION, f"in-job restart by {launcher}: {look.detail}: no action"
+            )
+        if look.launcher:
+            await self._record(
+                "in_job_restart",
+                f"{launcher} did not have the job training again within "
+                f"{took.total_seconds():.0f}s ({look.detail}): the recovery goes on",
+                dedupe="in_job_restart",
+                data={"launcher": look.launcher, "trained_again": False, "ended": look.ended},
+            )
+        return None
 
     async def _plan_and_act(
         self, inp: RecoveryInput, verdict: Verdict, evidence: EvidenceSummary

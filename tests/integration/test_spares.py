@@ -88,3 +88,35 @@ async def test_a_gpu_fault_trains_again_on_the_spare_without_a_requeue(
         "shrink",
         "end_steps",
     }
+
+
+async def test_the_launchers_own_restart_is_recognized_and_not_fought(
+    make_harness: MakeHarness,
+) -> None:
+    """An application error that torchrun restarts in the job: the recovery sees the job
+    train again in the same attempt and does nothing (no hold, no requeue, no drain)."""
+    h = make_harness(Policy(mode=Mode.AUTONOMOUS, verify_timeout_s=120))
+    h.start("worker")
+    h.start("watch")
+    job_id = h.submit_elastic("--fail-at-step", "12", "--fail-rank", "1", "--fail-once")
+    await wait_job(h.sched, job_id, JobState.RUNNING, timeout=60)
+    await h.wait_log(job_id, r"injected application error at step 12", timeout=120)
+    try:
+        status = await h.wait_stage(h.incident(job_id), {Stage.NO_ACTION}, timeout=120)
+    except AssertionError:
+        for e in await h.events(h.incident(job_id)):
+            print("EVENT", e.at, e.kind, e.summary[:300], e.data)
+        print(h.log(job_id)[-6000:])
+        raise
+    assert status.verdict is not None and status.verdict.category.value == "application"
+    rows = await h.events(h.incident(job_id), "in_job_restart")
+    assert len(rows) == 1 and rows[0].data["launcher"] == "torchrun"
+    assert rows[0].data["resumed_step"] == 10 and rows[0].data["latest_step"] > 10
+    job = await h.sched.get_job(job_id)
+    assert job.state is JobState.RUNNING and job.restart_count == 0 and not job.held
+    assert not await actions_of(h, h.incident(job_id))
+    assert not {n.name for n in await h.sched.list_nodes() if n.drain_flag}
+
+
+async def actions_of(h: Harness, incident: str) -> list[dict[str, object]]:
+    return [e.data for e in await h.events(incident, "action")]
