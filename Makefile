@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test test-22.05 test-24.11 test-unit test-quick lint typecheck bench bench-quick bench-burst bench-lifecycle bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
+.PHONY: deps demo test test-22.05 test-24.11 test-unit test-quick lint typecheck bench bench-quick bench-burst bench-restart bench-lifecycle bench-silent bench-false-alarms bench-probe bench-adapter bench-recovery bench-attribution bench-xid up down status clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -22,7 +22,7 @@ demo: deps
 SLURM_TIERS := tests/adversarial $(addprefix tests/integration/test_,recovery.py workflow.py \
 	silent_failures.py slurm_actions.py slurmrestd.py slurmrestd_mode.py ssh_mode.py \
 	stack.py clusters.py trust_plan.py job_output.py guard_race.py health_intake.py \
-	rollout.py cli_errors.py catch_up.py lifecycle.py console_lifecycle.py intake.py)
+	rollout.py cli_errors.py catch_up.py lifecycle.py console_lifecycle.py intake.py spares.py)
 
 test: deps lint typecheck
 	@status=0; \
@@ -65,6 +65,11 @@ bench-quick: bench
 # the worker-kill burst; writes bench/results/burst.md and burst-raw.json.
 bench-burst: deps
 	$(PY) bench/run.py --burst-suite $(BENCH_ARGS)
+
+# The three restart paths alone, side by side (a job with a spare, requeue, resubmission) with the
+# same faults, and the goodput figure: bench/results/restart.md and summary.json (docs/spares.md).
+bench-restart: deps
+	$(PY) bench/run.py --restart spare,requeue,resubmit $(BENCH_ARGS)
 
 # The node lifecycle alone: fault → back in service, and a healthy node's time out of service
 # with and without the lifecycle (bench/results/lifecycle.md; `make bench` adds it to REPORT.md).

@@ -35,7 +35,15 @@ sys.path.insert(0, str(ROOT))
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
-from bench.faults import baseline, lifecycle, report, scale, scenarios  # noqa: E402
+from bench.faults import (  # noqa: E402
+    baseline,
+    lifecycle,
+    report,
+    restart,
+    restart_report,
+    scale,
+    scenarios,
+)
 from bench.faults.common import BenchStack, log  # noqa: E402
 from relaunch.connectors.audit import AuditStore  # noqa: E402
 from relaunch.models.config import WatchSettings  # noqa: E402
@@ -154,6 +162,7 @@ async def bench(args: argparse.Namespace) -> None:
     cost: dict[str, Any] | None = None
     life: dict[str, Any] | None = None
     notes: list[str] = []
+    paths_rows: list[dict[str, Any]] = []
     observe = 45 if args.quick else 90
     lanes = [
         (base, [c for c in base_plan if c not in scenarios.SILENT], bwork),
@@ -180,6 +189,14 @@ async def bench(args: argparse.Namespace) -> None:
             except RelaunchError as exc:
                 notes.append(f"Lifecycle part failed: {exc}")
                 log(f"lifecycle: {exc}")
+        if with_scale:  # the three restart paths, each on a stack of its own
+            try:
+                paths_rows = await restart.run_paths(
+                    root, list(restart.PATHS), list(restart.CLASSES), 1 if args.quick else 2
+                )
+            except RelaunchError as exc:
+                notes.append(f"Restart paths part failed: {exc}")
+                log(f"restart paths: {exc}")
         if with_scale:
             await sc.up()
             audit = await AuditStore.open(sc.s.database_url)
@@ -247,7 +264,49 @@ async def bench(args: argparse.Namespace) -> None:
     saved = json.loads(raw.read_text())
     raw.write_text(json.dumps({**saved, "meta": meta}, indent=1, default=str))
     text = report.write(args.results, rows, brows, burst, cost, meta, life)
+    if paths_rows:
+        restart_report.write(
+            args.results,
+            paths_rows,
+            restart.summary(paths_rows),
+            restart_meta(args),
+            ckpt_interval_min=args.ckpt_interval_min,
+            human_response_min=args.human_response_min,
+        )
+        text = (args.results / "REPORT.md").read_text()
     print(text)
+
+
+def restart_meta(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "when": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, code {code_version()}",
+        "argv": " ".join(sys.argv[1:]),
+        "machine": f"{os.cpu_count()} cores, load before {os.getloadavg()[0]:.2f}",
+    }
+
+
+async def restart_only(args: argparse.Namespace) -> None:
+    """Only the restart paths (restart.md, summary.json; their section of REPORT.md)."""
+    root = Path(tempfile.mkdtemp(prefix="relaunch-bench-restart-"))
+    root.chmod(0o755)
+    classes = args.classes or list(restart.CLASSES)
+    repeat = args.repeat or (1 if args.quick else 3)
+    log(f"restart paths {args.restart}: {classes} × {repeat}")
+    try:
+        rows = await restart.run_paths(root, args.restart, classes, repeat)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(
+        restart_report.write(
+            args.results,
+            rows,
+            restart.summary(rows),
+            restart_meta(args),
+            ckpt_interval_min=args.ckpt_interval_min,
+            human_response_min=args.human_response_min,
+        )
+    )
 
 
 async def one_burst(
@@ -423,6 +482,27 @@ def main() -> None:
     p.add_argument(
         "--repeat", type=int, default=0, help="with --classes: runs of each (default 3; quick 1)"
     )
+    p.add_argument(
+        "--restart",
+        metavar="spare,requeue,resubmit",
+        help="only the restart paths, side by side in one run: the same faults (--classes, "
+        f"default {','.join(restart.CLASSES)}; --repeat each, default 3) against a job that "
+        "trains again on a spare of its allocation, one requeued, one resubmitted "
+        "(restart.md, summary.json, their section of REPORT.md)",
+    )
+    p.add_argument(
+        "--ckpt-interval-min",
+        type=float,
+        default=10.0,
+        help="the goodput figure's checkpoint interval (minutes; default 10)",
+    )
+    p.add_argument(
+        "--human-response-min",
+        type=float,
+        default=30.0,
+        help="the goodput figure's time for a person to act when Slurm alone leaves a job "
+        "failed (minutes; default 30)",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--no-baseline", action="store_true", help="skip Slurm alone")
     which.add_argument("--baseline-only", action="store_true", help="only Slurm alone")
@@ -473,6 +553,16 @@ def main() -> None:
     )
     args = p.parse_args()
     args.classes = parse_classes(p, args.classes)
+    if args.restart is not None:
+        args.restart = [x.strip() for x in args.restart.split(",") if x.strip()]
+        wrong = [x for x in args.restart if x not in restart.PATHS]
+        if wrong or not args.restart:
+            p.error(
+                f"--restart: unknown path {', '.join(wrong) or '(none given)'}; "
+                f"choose from {', '.join(restart.PATHS)}"
+            )
+    if args.ckpt_interval_min <= 0 or args.human_response_min < 0:
+        p.error("--ckpt-interval-min must be positive, --human-response-min not negative")
     if args.repeat < 0:
         p.error("--repeat must not be negative")
     if not 1 <= args.workers <= 64:
@@ -485,7 +575,9 @@ def main() -> None:
     if not 1 <= args.lifecycle_rounds <= 20:
         p.error("--lifecycle-rounds must be 1 to 20")
     try:
-        if args.lifecycle_only:
+        if args.restart:
+            asyncio.run(restart_only(args))
+        elif args.lifecycle_only:
             asyncio.run(lifecycle_only(args))
         elif args.burst_suite:
             asyncio.run(burst_suite(args))

@@ -9,6 +9,8 @@ where it stopped. The printed lines are a contract other code parses (see README
 
     step=<N> loss=<x.xxxx> rank=<r> node=<node>
     checkpoint saved step=<N> path=<path>
+    worker up node=<node>                   (the process started, torch imported)
+    process group ready rank=<r> world=<w>  (the ranks found each other)
     resumed from checkpoint step=<N>        (or: starting from scratch)
     evaluation started step=<N>             (with --eval-every)
     evaluation done step=<N> val_loss=<x.xxxx>
@@ -264,7 +266,9 @@ def fails_now(args: argparse.Namespace, step: int, rank: int) -> bool:
 def main() -> int:
     args = parse_args()
     node = os.environ.get("SLURMD_NODENAME", os.uname().nodename)
-    rank, _world = init_group(args.pg_timeout)
+    print(f"worker up node={node}", flush=True)  # torch imported: what a restart waits for
+    rank, world = init_group(args.pg_timeout)
+    print(f"process group ready rank={rank} world={world}", flush=True)
 
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -213,6 +213,8 @@ class BenchStack:
     # The node lifecycle (relaunch/workflows/lifecycle.py): off unless a part measures it, so
     # that the other parts measure what they always did (a drained node stays drained).
     lifecycle: LifecycleSettings | None = None
+    # Other fields of the stack's Relaunch configuration (e.g. launcher_health_pattern).
+    config_updates: dict[str, object] = field(default_factory=dict)
 
     async def up(self) -> None:
         cfg = StackConfig.with_free_ports(cluster=self.name, services=False, **self.overrides)
@@ -225,6 +227,7 @@ class BenchStack:
                     "policy": self.policy,
                     "watch": self.watch or WatchSettings(),
                     "lifecycle": self.lifecycle or LifecycleSettings(enabled=False),
+                    **self.config_updates,
                 }
             )
             self.write_config()

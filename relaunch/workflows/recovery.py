@@ -74,8 +74,6 @@ with workflow.unsafe.imports_passed_through():
 # How long a recovery waits for its node decision's outcome beyond the approval timeout
 # before it goes on alone (a decision terminated by hand, a stuck batch).
 NODE_WAIT_SLACK = timedelta(minutes=15)
-# Recoveries started before the launcher's turn existed replay without it.
-LAUNCHER_PATCH = "launcher-turn"
 
 
 @workflow.defn
@@ -346,7 +344,7 @@ class RecoveryWorkflow:
                 SA_NODES.value_set(verdict.culprit_nodes),
             ]
         )
-        if launcher_may_restart(inp, verdict, evidence) and workflow.patched(LAUNCHER_PATCH):
+        if launcher_may_restart(inp, verdict, evidence):
             restarted = await self._launchers_turn(inp, evidence)
             if restarted is not None:
                 return restarted

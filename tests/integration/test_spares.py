@@ -19,6 +19,7 @@ from relaunch.models.scheduler import JobState
 from tests.integration.conftest import MakeHarness
 from tests.integration.harness import Harness
 from tests.integration.helpers import wait_job
+from tests.integration.test_recovery import save_history
 
 
 def training_nodes(log: str) -> set[str]:
@@ -88,6 +89,7 @@ async def test_a_gpu_fault_trains_again_on_the_spare_without_a_requeue(
         "shrink",
         "end_steps",
     }
+    await save_history(h, h.incident(job_id), "spare_restart")
 
 
 async def test_the_launchers_own_restart_is_recognized_and_not_fought(
@@ -116,6 +118,7 @@ async def test_the_launchers_own_restart_is_recognized_and_not_fought(
     assert job.state is JobState.RUNNING and job.restart_count == 0 and not job.held
     assert not await actions_of(h, h.incident(job_id))
     assert not {n.name for n in await h.sched.list_nodes() if n.drain_flag}
+    await save_history(h, h.incident(job_id), "in_job_restart")
 
 
 async def actions_of(h: Harness, incident: str) -> list[dict[str, object]]:

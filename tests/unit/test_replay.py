@@ -38,6 +38,11 @@ EXPECTED = {
     "autonomous_guard_held",
     "monitor_override_approved",
     "monitor_refused_at_drain",
+    # tests/integration/test_spares.py: a job that trained again on its spare (the node out of
+    # the running job, its step ended) and an application error its launcher restarted in the
+    # job (recorded, no action).
+    "spare_restart",
+    "in_job_restart",
     # tests/unit/test_node_decision.py: recoveries that joined a decision (autonomous, monitor),
     # a decision that requeued 24 jobs in batches, one held by its guard, one started by the
     # watcher's report, one that requeued the reported jobs ahead of their joins, and second
