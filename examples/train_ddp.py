@@ -45,7 +45,7 @@ CKPT_NAME = "ckpt-latest.pt"
 IN_FEATURES, HIDDEN, BATCH = 32, 64, 64
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--steps", type=int, default=1_000_000, help="last step (default: ~forever)")
     p.add_argument("--step-sleep", type=float, default=0.2, help="seconds to sleep per step")
@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
         default="pytorch",
         help="shape of the progress, checkpoint and resume lines",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.ckpt_every < 1:
         p.error("--ckpt-every must be at least 1")
     if args.sync_every < 1:
@@ -263,8 +263,8 @@ def fails_now(args: argparse.Namespace, step: int, rank: int) -> bool:
     return True
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     node = os.environ.get("SLURMD_NODENAME", os.uname().nodename)
     print(f"worker up node={node}", flush=True)  # torch imported: what a restart waits for
     rank, world = init_group(args.pg_timeout)

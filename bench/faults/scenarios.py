@@ -88,15 +88,8 @@ Injector = Callable[[BenchStack, str, str, LogTail], Awaitable[dict[str, Any]]]
 
 
 def rank_processes(bs: BenchStack, node: str, job_id: str) -> list[psutil.Process]:
-    """The DDP rank (python train_ddp.py) processes of this job on ``node`` (not a torchrun
-    agent, whose command line names the script too)."""
-    found = []
-    for proc in faults.job_processes(bs.s.slurm, node, job_id):
-        with contextlib.suppress(psutil.Error):
-            argv = proc.cmdline()
-            if any("train_ddp.py" in a for a in argv) and "torch.distributed.run" not in argv:
-                found.append(proc)
-    return found
+    """The DDP rank processes of this job on ``node`` (faults.rank_processes)."""
+    return faults.rank_processes(bs.s.slurm, node, job_id)
 
 
 async def inject_gpu(bs: BenchStack, job_id: str, node: str, tail: LogTail) -> dict[str, Any]:

@@ -65,6 +65,28 @@ def job_processes(
     return found
 
 
+def rank_processes(
+    layout: SlurmLayout, node: str, job_id: str | None = None
+) -> list[psutil.Process]:
+    """The job's training processes on ``node`` (the example's ranks): ``train_ddp.py`` run by
+    srun or torchrun's CLI (not the torchrun agent, whose command line names the script too),
+    or a worker examples/elastic_launch.py forked from its agent (same command line as its
+    parent)."""
+    found = []
+    for proc in job_processes(layout, node, job_id):
+        try:
+            argv = proc.cmdline()
+            if any(a.endswith("elastic_launch.py") for a in argv):
+                parent = proc.parent()
+                if parent is not None and parent.cmdline() == argv:
+                    found.append(proc)
+            elif any("train_ddp.py" in a for a in argv) and "torch.distributed.run" not in argv:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
 def node_processes(layout: SlurmLayout, node: str, job_id: str | None = None) -> list[int]:
     """The pids :func:`kill_node` kills: the node's slurmd and its (or one job's) processes.
     Finding them scans /proc, which takes a while with thousands of processes."""

@@ -28,14 +28,12 @@ def training_nodes(log: str) -> set[str]:
 
 
 def kill_rank(h: Harness, node: str, job_id: str) -> int:
-    """SIGKILL the job's training process on ``node`` (not its torchrun agent)."""
+    """SIGKILL the job's training process on ``node`` (not its launcher's agent)."""
     killed = 0
-    for proc in faults.job_processes(h.stack.slurm, node, job_id):
+    for proc in faults.rank_processes(h.stack.slurm, node, job_id):
         with contextlib.suppress(psutil.Error):
-            argv = proc.cmdline()
-            if any("train_ddp.py" in a for a in argv) and "torch.distributed.run" not in argv:
-                proc.send_signal(signal.SIGKILL)
-                killed += 1
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
     return killed
 
 
