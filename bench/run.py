@@ -265,24 +265,26 @@ async def bench(args: argparse.Namespace) -> None:
     raw.write_text(json.dumps({**saved, "meta": meta}, indent=1, default=str))
     text = report.write(args.results, rows, brows, burst, cost, meta, life)
     if paths_rows:
-        restart_report.write(
-            args.results,
-            paths_rows,
-            restart.summary(paths_rows),
-            restart_meta(args),
-            ckpt_interval_min=args.ckpt_interval_min,
-            human_response_min=args.human_response_min,
-        )
+        write_restart(args, paths_rows)
         text = (args.results / "REPORT.md").read_text()
     print(text)
 
 
-def restart_meta(args: argparse.Namespace) -> dict[str, Any]:
-    return {
+def write_restart(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
+    """The restart paths' report from their runs (restart_report.write); its section."""
+    meta = {
         "when": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, code {code_version()}",
         "argv": " ".join(sys.argv[1:]),
-        "machine": f"{os.cpu_count()} cores, load before {os.getloadavg()[0]:.2f}",
+        "machine": f"{os.cpu_count()} cores, 1-min load at the end {os.getloadavg()[0]:.2f}",
     }
+    return restart_report.write(
+        args.results,
+        rows,
+        restart.summary(rows),
+        meta,
+        ckpt_interval_min=args.ckpt_interval_min,
+        human_response_min=args.human_response_min,
+    )
 
 
 async def restart_only(args: argparse.Namespace) -> None:
@@ -297,16 +299,7 @@ async def restart_only(args: argparse.Namespace) -> None:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(
-        restart_report.write(
-            args.results,
-            rows,
-            restart.summary(rows),
-            restart_meta(args),
-            ckpt_interval_min=args.ckpt_interval_min,
-            human_response_min=args.human_response_min,
-        )
-    )
+    print(write_restart(args, rows))
 
 
 async def one_burst(

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,10 +158,17 @@ async def run_one(
 ) -> dict[str, Any]:
     """One fault of ``cls`` against a fresh job restarted by ``path``: its timeline."""
     sched = bs.sched()
-    ckpt = work / f"ckpt-{path}-{cls}-{n}"
-    # On the command line, not in the environment: a resubmission runs the job's command again
-    # in the worker's environment, and must find the same checkpoint.
-    args = [*scenarios.train_args(cls), "--ckpt-dir", str(ckpt)]
+    if path == "resubmit":
+        # A resubmission runs the job's script again in the worker's environment, without the
+        # arguments it was submitted with (sbatch takes the script on stdin): the checkpoint
+        # directory comes from that environment ($CKPT_DIR, set in run_paths), one per stack,
+        # emptied before each run.
+        ckpt = Path(os.environ["CKPT_DIR"])
+        shutil.rmtree(ckpt, ignore_errors=True)
+        args = scenarios.train_args(cls)
+    else:
+        ckpt = work / f"ckpt-{path}-{cls}-{n}"
+        args = [*scenarios.train_args(cls), "--ckpt-dir", str(ckpt)]
     if path == "spare":
         job_id = await asyncio.to_thread(submit_elastic, bs, workdir=work, ckpt_dir=ckpt, args=args)
     else:
@@ -365,6 +373,8 @@ async def run_paths(
         # where the example lives, as a site's module system would provide them.
         os.environ.setdefault("RELAUNCH_PYTHON", sys.executable)
         os.environ.setdefault("RELAUNCH_EXAMPLES", str(EXAMPLES))
+        if path == "resubmit":
+            os.environ["CKPT_DIR"] = str(work / "ckpt")
         try:
             await bs.up()
             client = await Client.connect(
