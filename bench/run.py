@@ -425,7 +425,26 @@ async def burst_suite(args: argparse.Namespace) -> None:
 
 
 def report_only(args: argparse.Namespace) -> None:
-    """Render REPORT.md again from bench/results/faults-raw.json (no stacks)."""
+    """Render REPORT.md again from bench/results/faults-raw.json (no stacks); with --restart,
+    restart.md and summary.json from restart-raw.json (keeping the run's own meta)."""
+    if args.restart:
+        raw = args.results / "restart-raw.json"
+        if not raw.exists():
+            print(f"error: {raw} not found: `make bench-restart` writes it", file=sys.stderr)
+            sys.exit(1)
+        saved = json.loads(raw.read_text())
+        rows = saved["rows"]
+        print(
+            restart_report.write(
+                args.results,
+                rows,
+                restart.summary(rows),
+                saved.get("meta") or {},
+                ckpt_interval_min=args.ckpt_interval_min,
+                human_response_min=args.human_response_min,
+            )
+        )
+        return
     raw = args.results / "faults-raw.json"
     if not raw.exists():
         print(f"error: {raw} not found: it is written by a run of `make bench`", file=sys.stderr)

@@ -82,6 +82,7 @@ LEAVES_IT_ALONE = {
     "record_event",
     "plan",
     "verify_check",
+    "launcher_look",  # a look at a running job (its state, its output): never a change
     "investigate",
     "plan_node",
     "lifecycle_start",
