@@ -30,10 +30,13 @@ NO_LAUNCHER_AFTER = timedelta(seconds=5)
 
 def launcher_may_restart(inp: RecoveryInput, verdict: Verdict, evidence: EvidenceSummary) -> bool:
     """Whether this recovery first gives the job's launcher its chance: an application error
-    (which blames no node) in a job still running, under a policy that allows the wait."""
+    (which blames no node) in a job still running, under a policy that allows the wait, whose
+    output file the evidence read (so that only what the job printed since counts: a job read
+    from a log store has no such mark)."""
     return (
         verdict.category is Category.APPLICATION
         and evidence.job.state.upper().startswith("RUNNING")
+        and evidence.job.log_size > 0
         and inp.policy.launcher_grace_s > 0
     )
 

@@ -9,9 +9,12 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
+from relaunch.activities.actions import ActionActivities
+from relaunch.activities.deps import Deps
 from relaunch.connectors.launcher_health import (
     CONVICTION_HOLD_S,
     FitFiles,
@@ -22,18 +25,23 @@ from relaunch.connectors.slurm.runner import CommandResult
 from relaunch.connectors.slurm.spares import ShrinkRefusedError
 from relaunch.detection.launchers import launcher_of
 from relaunch.detection.planning import PlanHistory, make_plan, node_decision_nodes
+from relaunch.models.config import ClusterConfig
 from relaunch.models.errors import InvalidNameError
 from relaunch.models.recovery import (
     Action,
     Category,
     EvidenceSummary,
     JobSnapshot,
+    LauncherLookInput,
     Policy,
+    RecoveryInput,
     RestartMethod,
     Verdict,
 )
 from relaunch.models.scheduler import Job, JobState, Node, NodeState
 from relaunch.workers.watch_handover import _spare_left
+from relaunch.workflows.launcher_watch import launcher_may_restart
+from tests.support.fake_scheduler import FakeScheduler
 
 
 def job(comment: str) -> Job:
@@ -298,3 +306,67 @@ async def test_slurm_keeping_the_node_is_said_and_a_wrong_step_id_never_reaches_
     slurm = SmallSlurm()
     await Cli(slurm).spares().end_steps("7", ["8.0", "7.0;rm -rf /", "7.batch"])
     assert not any(a[0] == "scancel" for a in slurm.argvs)
+
+
+# ------------------------------------------------------------------ the launcher's turn
+
+
+def recovery_input(grace: float = 60.0) -> RecoveryInput:
+    return RecoveryInput(
+        cluster="dev", job_id="42", attempt=0, policy=Policy(launcher_grace_s=grace)
+    )
+
+
+def launched(category: Category, *, state: str = "RUNNING", log_size: int = 100) -> bool:
+    evidence = EvidenceSummary(
+        incident_id="i",
+        bundle_path="/b",
+        job=JobSnapshot(job_id="42", state=state, nodes=["n1", "n2"], log_size=log_size),
+    )
+    verdict = Verdict(category=category, culprit_nodes=[], confidence=0.9, action=Action.HOLD)
+    return launcher_may_restart(recovery_input(), verdict, evidence)
+
+
+def test_only_an_application_error_in_a_running_job_read_from_its_file_waits() -> None:
+    assert launched(Category.APPLICATION)
+    assert not launched(Category.GPU_HARDWARE)  # a node's fault: acted on at once
+    assert not launched(Category.HANG)
+    assert not launched(Category.APPLICATION, state="FAILED")  # ended: nothing to restart it
+    # Read from a log store: no mark of where its output stood, so no old resume may count.
+    assert not launched(Category.APPLICATION, log_size=0)
+    evidence = EvidenceSummary(
+        incident_id="i", bundle_path="/b", job=JobSnapshot(job_id="42", state="RUNNING", log_size=9)
+    )
+    verdict = Verdict(category=Category.APPLICATION, culprit_nodes=[], confidence=0.9,
+                      action=Action.HOLD)  # fmt: skip
+    assert not launcher_may_restart(recovery_input(grace=0), verdict, evidence)
+
+
+async def test_a_look_counts_only_a_resume_printed_since_the_evidence(tmp_path: Path) -> None:
+    log = tmp_path / "train.out"
+    before = "resumed from checkpoint step=5\nstep=6 loss=0.1 rank=0 node=n1\n"
+    log.write_text(before + "RuntimeError: injected application error at step 12\n")
+    offset = log.stat().st_size
+    job = Job(
+        job_id="42", name="t", state=JobState.RUNNING, nodes=["n1", "n2"],
+        stdout_path=str(log), user="root", uid=0,
+    )  # fmt: skip
+    sched = FakeScheduler(jobs=[job])
+    config = ClusterConfig(name="dev", database_url="postgresql://unused", bundle_dir="/tmp")
+    actions = ActionActivities(Deps(config=config, scheduler=sched, audit=cast(Any, None)))
+    look = LauncherLookInput(
+        incident_id="i", cluster="dev", job_id="42", restart_count=0, since_offset=offset,
+        launcher="",
+    )  # fmt: skip
+    seen = await actions.launcher_look(look)
+    assert not seen.trained_again and not seen.ended  # the old resume is before the mark
+    log.write_text(
+        log.read_text()
+        + "E1205 torch/distributed/elastic/multiprocessing/api.py:1002] failed\n"
+        + "resumed from checkpoint step=10\nstep=11 loss=0.2 rank=0 node=n1\n"
+    )
+    seen = await actions.launcher_look(look)
+    assert seen.trained_again and seen.launcher == "torchrun"
+    assert (seen.resumed_step, seen.latest_step) == (10, 11)
+    sched.jobs["42"] = job.model_copy(update={"restart_count": 1, "state": JobState.PENDING})
+    assert (await actions.launcher_look(look)).ended  # requeued: no longer its launcher's
