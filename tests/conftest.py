@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from relaunch.connectors.slurm.commands import SlurmCli
 from relaunch.devstack.stack import Stack, StackConfig
+from relaunch.models.errors import StackError
 
 REPO = Path(__file__).resolve().parent.parent
 # The Slurm release of the session's stack (`make test` runs the Slurm-facing tiers on each).
@@ -39,16 +41,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
-    """A real local stack for the whole session: 4 Slurm nodes, short cred_expire."""
-    root = Path(tempfile.mkdtemp(prefix="relaunch-test-"))
-    instance = Stack(
-        root / "state",
-        StackConfig.with_free_ports(
-            "life", cluster="test", cred_expire=10, services=False, slurm=SLURM_RELEASE
-        ),
-    )
+    """A real local stack for the whole session: 4 Slurm nodes, short cred_expire. A start that
+    fails (three sessions pick their free ports at the same moment; once, a 24.11 stack's nodes
+    never registered) is said with its Slurm logs and tried once more, on new ports."""
+    for attempt in (1, 2):
+        root = Path(tempfile.mkdtemp(prefix="relaunch-test-"))
+        instance = Stack(
+            root / "state",
+            StackConfig.with_free_ports(
+                "life", cluster="test", cred_expire=10, services=False, slurm=SLURM_RELEASE
+            ),
+        )
+        try:
+            instance.up()
+            break
+        except StackError as exc:
+            print(f"stack start {attempt} failed: {exc}", file=sys.stderr)
+            for log in sorted(root.glob("state/**/slurm/log/*.log")):
+                print(f"--- {log}\n{log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
+            instance.down()
+            shutil.rmtree(root, ignore_errors=True)
+            if attempt == 2:
+                raise
     try:
-        instance.up()
         yield instance
     finally:
         instance.down()
