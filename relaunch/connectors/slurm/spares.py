@@ -13,7 +13,6 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from relaunch.connectors.slurm.runner import CommandResult, failure, raise_for_controller
 from relaunch.models import names
 from relaunch.models.errors import InvalidStateError, SchedulerError
 from relaunch.models.scheduler import ActionResult, JobState
@@ -40,13 +39,6 @@ class SpareActions:
     def __init__(self, cli: SlurmCli) -> None:
         self._cli = cli
 
-    async def _run(self, argv: Sequence[str]) -> CommandResult:
-        cli = self._cli
-        result = await cli._runner.run(argv, timeout=cli._timeout)
-        if result.returncode != 0:
-            raise_for_controller(result)
-        return result
-
     async def leave(self, job_id: str, nodes: Sequence[str]) -> ActionResult:
         """Take ``nodes`` out of the running job ``job_id``: Slurm ends the job's processes
         there and the job goes on RUNNING on the rest of its allocation. Verified by a fresh
@@ -67,7 +59,7 @@ class SpareActions:
         keep = [n for n in before.nodes if n not in gone]
         if not keep:
             raise ShrinkRefusedError(f"job {job_id} would keep no node")
-        result = await self._run(
+        result = await cli._run(
             ["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"]
         )
         if result.returncode != 0:
@@ -87,9 +79,7 @@ class SpareActions:
         """The ids of the job's running steps (not its batch or extern step), from a fresh
         ``squeue --steps`` read of Slurm's own fields."""
         job_id = names.job_id(job_id)
-        result = await self._run(["squeue", "-h", "--steps", "-j", job_id, "-o", "%i"])
-        if result.returncode != 0:
-            raise failure(result)
+        result = await self._cli._checked(["squeue", "-h", "--steps", "-j", job_id, "-o", "%i"])
         found = []
         for line in result.stdout.splitlines()[: MAX_STEPS * 4]:
             m = _STEP.fullmatch(line.strip())
@@ -114,9 +104,7 @@ class SpareActions:
                 after="already ended",
                 note="already ended",
             )
-        result = await self._run(["scancel", *ending])
-        if result.returncode != 0:
-            raise failure(result)
+        await cli._checked(["scancel", *ending])
         await cli._until(
             lambda: self.steps(job_id),
             lambda now: not set(ending) & set(now),
