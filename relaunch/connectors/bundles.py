@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from relaunch.connectors.files import write_atomic
 from relaunch.models.bundle import (
     HEALTH_FILE,
     UNTRUSTED_HEALTH_FILE,
@@ -27,14 +27,6 @@ class BundleError(RelaunchError):
     """A bundle directory is missing or malformed."""
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def write_bundle(
     path: Path,
     job: BundleJob,
@@ -45,19 +37,19 @@ def write_bundle(
 ) -> Path:
     """Write (or overwrite, atomically per file) a bundle directory. Health events go to
     ``health.jsonl`` or ``health-untrusted.jsonl`` by their sender's trust."""
-    _atomic_write(path / "job.json", job.model_dump_json(indent=2, exclude_none=True))
-    _atomic_write(path / "logs" / "job.log", job_log)
+    write_atomic(path / "job.json", job.model_dump_json(indent=2, exclude_none=True))
+    write_atomic(path / "logs" / "job.log", job_log)
     for node, text in (node_logs or {}).items():
-        _atomic_write(path / "nodes" / f"{node}.log", text)
+        write_atomic(path / "nodes" / f"{node}.log", text)
     if telemetry:
-        _atomic_write(
+        write_atomic(
             path / "telemetry.jsonl",
             "".join(s.model_dump_json(exclude_none=True) + "\n" for s in telemetry),
         )
     for name, trusted in ((HEALTH_FILE, True), (UNTRUSTED_HEALTH_FILE, False)):
         lines = [r for r in health or [] if r.trusted is trusted]
         if lines:
-            _atomic_write(
+            write_atomic(
                 path / name, "".join(r.model_dump_json(exclude_none=True) + "\n" for r in lines)
             )
     return path

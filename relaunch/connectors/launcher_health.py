@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from relaunch.connectors.files import write_atomic
 from relaunch.models import names
 from relaunch.models.scheduler import Node
 
@@ -79,7 +79,7 @@ class LauncherHealth:
             age = None
         if age is not None and age < CONVICTION_HOLD_S:
             return False
-        _write_atomic(path, FIT_TEXT)
+        write_atomic(path, FIT_TEXT, mode=0o644)
         marker.unlink(missing_ok=True)
         return True
 
@@ -95,7 +95,7 @@ class LauncherHealth:
         }
         marker = path.with_name(path.name + UNHEALTHY_SUFFIX)
         if not marker.exists():
-            _write_atomic(marker, json.dumps(note) + "\n")
+            write_atomic(marker, json.dumps(note) + "\n", mode=0o644)
         try:
             path.unlink()
         except FileNotFoundError:
@@ -124,16 +124,3 @@ class FitFiles:
                 self.written += self.health.mark_fit(node.name)
             except (OSError, ValueError):  # a full disk, a name Slurm allows and paths do not
                 self.errors += 1
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
