@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from relaunch.models.scheduler import spare_left
 from relaunch.models.search_attributes import TERMINAL_STAGES as TERMINAL_STAGES
 from relaunch.models.search_attributes import Stage as Stage
 
@@ -351,10 +352,8 @@ class JobSnapshot(BaseModel):
     def spare_left(self, without: Collection[str]) -> bool:
         """Whether the job, running, still has enough nodes to train on once ``without``
         (nodes of its allocation) leave it: the spare-node restart instead of a requeue."""
-        if not self.train_nodes or not self.state.upper().startswith("RUNNING"):
-            return False
-        leaving = set(without) & set(self.nodes)
-        return bool(leaving) and len(set(self.nodes) - leaving) >= self.train_nodes
+        running = self.state.upper().startswith("RUNNING")
+        return running and spare_left(self.nodes, self.train_nodes, without)
 
 
 class GatherInput(BaseModel):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from enum import StrEnum
 
@@ -254,6 +254,14 @@ class Job(BaseModel):
         if not (value.isascii() and value.isdigit() and len(value) <= 6):
             return None
         return int(value) or None
+
+
+def spare_left(nodes: Collection[str], train_nodes: int | None, leaving: Collection[str]) -> bool:
+    """Whether a job on ``nodes`` that trains on ``train_nodes`` of them keeps enough to train
+    on once ``leaving`` (some of its nodes) leave it: it trains again on a spare instead of a
+    requeue (docs/spares.md)."""
+    gone = set(leaving) & set(nodes)
+    return bool(train_nodes) and bool(gone) and len(set(nodes) - gone) >= (train_nodes or 0)
 
 
 # Per-job limits a job's comment may set (seconds, or with a unit: 90s, 10m, 2h); each only

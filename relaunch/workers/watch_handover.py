@@ -41,7 +41,7 @@ from relaunch.detection.signatures import Role, SignatureMatch
 from relaunch.detection.xids import Outcome
 from relaunch.models.node_decision import NodeReport, ReportedJob
 from relaunch.models.recovery import Detection, DetectionSource
-from relaunch.models.scheduler import Job, JobState
+from relaunch.models.scheduler import Job, JobState, spare_left
 
 logger = logging.getLogger("relaunch.workers.watcher")
 
@@ -266,7 +266,7 @@ class NodeReports:
                 for j in running_on[node]
                 if j.state is JobState.RUNNING
                 and not (set(j.nodes) - {node}) & out
-                and not _spare_left(j, node)
+                and not spare_left(j.nodes, j.train_nodes, [node])
             ]
             report.running = [
                 ReportedJob(
@@ -303,10 +303,3 @@ class NodeReports:
             )
 
         await asyncio.gather(*(one(r) for r in reports.values()))
-
-
-def _spare_left(job: Job, node: str) -> bool:
-    """Whether ``job`` keeps enough nodes to train on without ``node`` (its comment's
-    ``train_nodes``): docs/spares.md."""
-    need = job.train_nodes
-    return bool(need) and len(set(job.nodes) - {node}) >= (need or 0)

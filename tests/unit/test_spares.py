@@ -38,8 +38,7 @@ from relaunch.models.recovery import (
     RestartMethod,
     Verdict,
 )
-from relaunch.models.scheduler import Job, JobState, Node, NodeState
-from relaunch.workers.watch_handover import _spare_left
+from relaunch.models.scheduler import Job, JobState, Node, NodeState, spare_left
 from relaunch.workflows.launcher_watch import launcher_may_restart
 from tests.support.fake_scheduler import FakeScheduler
 
@@ -150,9 +149,13 @@ def test_the_watcher_never_requeues_ahead_a_job_that_trains_again_on_a_spare() -
         job_id="7", name="t", state=JobState.RUNNING, nodes=["n1", "n2", "n3"],
         comment="relaunch=on,train_nodes=2",
     )  # fmt: skip
-    assert _spare_left(three, "n2")
-    assert not _spare_left(three.model_copy(update={"nodes": ["n1", "n2"]}), "n2")
-    assert not _spare_left(three.model_copy(update={"comment": "relaunch=on"}), "n2")
+
+    def left(job: Job) -> bool:  # as the watcher asks it of each job on a reported node
+        return spare_left(job.nodes, job.train_nodes, ["n2"])
+
+    assert left(three)
+    assert not left(three.model_copy(update={"nodes": ["n1", "n2"]}))
+    assert not left(three.model_copy(update={"comment": "relaunch=on"}))
 
 
 # ------------------------------------------------------------------ the launchers' health files
