@@ -114,13 +114,27 @@ class FitFiles:
         self.errors = 0
 
     def observe(self, nodes: Iterable[Node], now: float) -> None:
+        """:meth:`due`, then :meth:`mark` them (blocking: the watcher runs it in a thread)."""
+        self.mark(self.due(nodes, now))
+
+    def due(self, nodes: Iterable[Node], now: float) -> list[str]:
+        """The nodes in service whose file was not looked at in the last FIT_RECHECK_S (no
+        I/O: counted as looked at from now)."""
+        found = []
         for node in nodes:
             if node.drain_flag or not node.responding:
                 continue
             if now - self._looked.get(node.name, -FIT_RECHECK_S) < FIT_RECHECK_S:
                 continue
             self._looked[node.name] = now
+            found.append(node.name)
+        return found
+
+    def mark(self, names: Iterable[str]) -> None:
+        """Write the files of ``names`` that are missing (a stat each; a shared file system may
+        be slow, so never on the watcher's event loop)."""
+        for name in names:
             try:
-                self.written += self.health.mark_fit(node.name)
+                self.written += self.health.mark_fit(name)
             except (OSError, ValueError):  # a full disk, a name Slurm allows and paths do not
                 self.errors += 1

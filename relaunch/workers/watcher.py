@@ -50,7 +50,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -246,6 +246,7 @@ class Watcher:
         self._drains = ExternalDrains(config.cluster, on_external_drains)
         pattern = config.launcher_health_pattern
         self._fit_files = FitFiles(LauncherHealth(pattern)) if pattern else None
+        self._fit_task: asyncio.Future[None] | None = None
         self._catch_up = catch_up  # job ends missed while not looking: watch_catchup.py
         self._pass = 0
         # Held through a pass (a poll's or a log read's): a pass may wait for the node reports
@@ -369,8 +370,7 @@ class Watcher:
                 self.cadence.nodes_listed(started)
                 self._reports.nodes_seen({n for n, node in nodes.items() if node.drain_flag})
                 self._drains.observe(jobs, nodes, wall, time.monotonic())
-                if self._fit_files is not None:
-                    self._fit_files.observe(nodes.values(), time.monotonic())
+                self._mark_fit(nodes.values())
             else:  # the last listing's: their addresses for the probes, their states as seen
                 nodes = self._last_nodes
         found: list[Detection] = []
@@ -390,6 +390,16 @@ class Watcher:
                 self._readable[job.job_id] = watch
         self._count_running()
         return found
+
+    def _mark_fit(self, nodes: Iterable[Node]) -> None:
+        """The launchers' health files of the nodes due, in a thread of their own: a pass never
+        waits on the file system they live on (one batch at a time)."""
+        fit = self._fit_files
+        if fit is None or (self._fit_task is not None and not self._fit_task.done()):
+            return
+        due = fit.due(nodes, time.monotonic())
+        if due:
+            self._fit_task = asyncio.ensure_future(asyncio.to_thread(fit.mark, due))
 
     def _count_running(self) -> None:
         self._running = sum(1 for w in self._readable.values() if w.job.state is JobState.RUNNING)
