@@ -123,15 +123,18 @@ class Tails:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.tails: dict[str, LogTail] = {}
+        self._old: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        # Earlier runs' files are never this run's: not read again every run.
+        self._old = {p.name for p in self.workdir.glob("train-*.out")}
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         while True:
             for path in self.workdir.glob("train-*.out"):
-                if path.name not in self.tails:
+                if path.name not in self.tails and path.name not in self._old:
                     tail = self.tails[path.name] = LogTail(path)
                     tail.start()
             await asyncio.sleep(0.1)
@@ -169,14 +172,14 @@ async def run_one(
     else:
         ckpt = work / f"ckpt-{path}-{cls}-{n}"
         args = [*scenarios.train_args(cls), "--ckpt-dir", str(ckpt)]
+    tails = Tails(work)  # before the job exists: its file is new to this run
+    tails.start()
     if path == "spare":
         job_id = await asyncio.to_thread(submit_elastic, bs, workdir=work, ckpt_dir=ckpt, args=args)
     else:
         job_id = await asyncio.to_thread(
             submit_ddp, bs, workdir=work, ckpt_dir=ckpt, args=args, port=22000 + n * 10
         )
-    tails = Tails(work)
-    tails.start()
     watch = JobWatch(sched, job_id)
     row: dict[str, Any] = {"path": path, "cls": cls, "run": n, "job": job_id}
     info: dict[str, Any] = {}
